@@ -1,0 +1,58 @@
+"""Which kernel a decode step and a call run: decided on host integers only.
+
+The rule (the layer part lives in :mod:`.eligibility`):
+
+* step: a pure-decode batch (``max_query_len == 1``, one query token per request)
+  whose ``num_tokens x num_heads`` query heads exceed the cut. The asm kernel runs one
+  workgroup per (KV head, sequence); below about ``2 x compute units`` query heads the
+  GPU is under-occupied and the HIP kernel is as fast or faster, the same cut AITER's
+  ``paged_attention_common`` uses between its asm and HIP kernels.
+* call: the step says asm, the layer is eligible, no fused output quantization was
+  asked for, and the query is in the layer's bf16/fp16 dtype (not an fp8 query).
+
+The step decision is made once per step by the metadata builder, so a CUDA graph
+captured for a (padded) batch size holds exactly one decode kernel.
+"""
+
+from __future__ import annotations
+
+from . import settings
+
+
+def default_cut(compute_units: int) -> int:
+    """Query heads above which the asm kernel fills the GPU: two per compute unit."""
+    return 2 * compute_units
+
+
+def resolve_cut(compute_units: int) -> int:
+    """``VLLM_ROCM_ASM_DECODE_CUT`` when set, else :func:`default_cut`."""
+    override = settings.cut_override()
+    return override if override is not None else default_cut(compute_units)
+
+
+def step_uses_asm(
+    *,
+    max_query_len: int,
+    num_tokens: int,
+    num_reqs: int,
+    num_heads: int,
+    cut: int,
+) -> bool:
+    """Whether a step's decode runs the asm kernel (host integers only)."""
+    return (
+        max_query_len == 1
+        # The kernel's batch is len(context_lens): one query row per request.
+        and num_reqs == num_tokens
+        and num_tokens * num_heads > cut
+    )
+
+
+def call_uses_asm(
+    *,
+    step_asm: bool,
+    layer_eligible: bool,
+    output_quant_requested: bool,
+    query_dtype_ok: bool,
+) -> bool:
+    """Whether one ``forward`` call runs the asm kernel."""
+    return step_asm and layer_eligible and not output_quant_requested and query_dtype_ok
