@@ -19,7 +19,6 @@ from typing import Any
 
 import torch
 from vllm.config import VllmConfig, get_layers_from_vllm_config
-from vllm.logger import init_logger
 from vllm.model_executor.layers.attention import Attention
 from vllm.v1.attention.backend import AttentionType, CommonAttentionMetadata
 from vllm.v1.attention.backends.rocm_attn import (
@@ -36,9 +35,9 @@ from .decision import call_uses_asm, resolve_cut, step_uses_asm
 from .eligibility import VALIDATED_CONTEXT, LayerFacts, rejection_reasons
 from .kernel import AsmKernel, current_arch, load_asm_kernel
 from .kernel_table import ULTRA_PRECISION
+from .log import logger
 from .scale_tables import scale_tables
 
-logger = init_logger(__name__)
 
 _announced = False
 

@@ -11,11 +11,10 @@ from __future__ import annotations
 
 from importlib.util import find_spec
 
-from vllm.logger import init_logger
 
 from . import settings
+from .log import logger
 
-logger = init_logger(__name__)
 
 BACKEND_PATH = "vllm_rocm_asm_decode.backend.RocmAsmDecodeBackend"
 

@@ -1,0 +1,159 @@
+"""End to end through vLLM 0.33's real classes on the emulated ROCm platform: layers
+built under a VllmConfig, the backend vLLM selects, a KV cache planned, allocated and
+bound as vLLM's worker does, the builder's metadata and ``Attention.forward``."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import harness
+from vllm_rocm_asm_decode.backend import (
+    RocmAsmDecodeBackend,
+    RocmAsmDecodeMetadata,
+)
+
+ATOL = 2e-2  # bf16 output rounding over an fp8 cache, values of order 1
+
+
+def decode(model, seq_lens, **kw):
+    batch = harness.make_batch(model, seq_lens, **kw)
+    harness.fill_context(model, batch)
+    metadata = model.builder.build(0, batch.common)
+    return batch, metadata
+
+
+def check_all_layers(model, batch, metadata):
+    for name, layer in model.layers.items():
+        out = harness.run_layer(model, name, batch, metadata)
+        ref = harness.reference(model, batch, layer)
+        real = [i for i, n in enumerate(batch.seq_lens) if n > 0]
+        torch.testing.assert_close(out[real].float(), ref[real], atol=ATOL, rtol=0)
+
+
+def test_vllm_selects_the_plugin_backend_under_the_rocm_attn_name(tmp_path):
+    model = harness.build_model(tmp_path, num_layers=1)
+    assert model.backend is RocmAsmDecodeBackend
+    assert model.backend.get_name() == "ROCM_ATTN"
+    assert model.layout.name == "LHBNC"
+
+
+def test_pure_decode_above_the_cut_runs_asm_and_matches_reference(tmp_path, kernels,
+                                                                  plugin_log):
+    model = harness.build_model(tmp_path, scales=[(0.5, 0.25), (1.0, 2.0)])
+    # 20 sequences x 40 heads = 800 query heads > 512 = 2 x 256 CUs
+    batch, metadata = decode(model, [100, 37, 16, 1, 200, 17, 15, 64, 3, 90] * 2)
+    assert isinstance(metadata, RocmAsmDecodeMetadata) and metadata.use_asm_decode
+    check_all_layers(model, batch, metadata)
+    calls = harness.asm_calls()
+    assert len(calls) == 2 and kernels.hip_decode == 0
+    assert all(c["high_precision"] == 2 for c in calls)
+    assert kernels.cache_writes > 0  # this step's tokens went through vLLM's writer
+    assert any("2 of 2 layers eligible on gfx950" in m and "512" in m for m in plugin_log)
+
+
+@pytest.mark.parametrize(("num_seqs", "asm"), [(12, False), (13, True)],
+                         ids=["at-cut-480", "above-cut-520"])
+def test_cut_on_query_heads(tmp_path, kernels, monkeypatch, num_seqs, asm):
+    monkeypatch.setenv("VLLM_ROCM_ASM_DECODE_CUT", "480")
+    model = harness.build_model(tmp_path, num_layers=1)
+    batch, metadata = decode(model, [33] * num_seqs)
+    assert metadata.use_asm_decode is asm
+    check_all_layers(model, batch, metadata)
+    assert (len(harness.asm_calls()), kernels.hip_decode) == ((1, 0) if asm else (0, 1))
+
+
+@pytest.mark.parametrize("num_seqs", [1, 8, 12], ids=["1-seq", "8-seqs", "12-seqs-480"])
+def test_below_the_default_cut_stays_on_hip(tmp_path, kernels, num_seqs):
+    model = harness.build_model(tmp_path, num_layers=1)
+    batch, metadata = decode(model, [300] * num_seqs)
+    assert not metadata.use_asm_decode
+    check_all_layers(model, batch, metadata)
+    assert harness.asm_calls() == [] and kernels.hip_decode == 1
+
+
+def test_mixed_prefill_and_decode_stays_on_hip(tmp_path, kernels):
+    model = harness.build_model(tmp_path, num_layers=1)
+    seq_lens = [100, 37, 16, 1, 200] * 4
+    batch = harness.make_batch(model, seq_lens, [1, 5, 1, 1, 3] * 4)
+    harness.fill_context(model, batch)
+    metadata = model.builder.build(0, batch.common)
+    assert not metadata.use_asm_decode
+    check_all_layers(model, batch, metadata)
+    assert harness.asm_calls() == [] and kernels.prefill == 1 and kernels.hip_decode == 1
+
+
+def test_cuda_graph_padding_rows_do_not_disturb_real_rows(tmp_path, kernels):
+    model = harness.build_model(tmp_path, num_layers=1)
+    real = [45, 3, 160, 16, 17, 1, 80, 31, 64, 2, 99, 7]
+    batch, metadata = decode(model, real, pad_to=16)  # 16 x 40 = 640 > 512
+    assert metadata.use_asm_decode and metadata.num_actual_tokens == 16
+    call_tables = []
+    for name in model.names:
+        out = harness.run_layer(model, name, batch, metadata)
+        ref = harness.reference(model, batch, model.layers[name])
+        torch.testing.assert_close(out[:12].float(), ref[:12], atol=ATOL, rtol=0)
+        call_tables.append(harness.asm_calls()[-1]["block_tables"])
+    assert harness.asm_calls()[-1]["context_lens"].tolist()[12:] == [0] * 4
+    assert torch.all(call_tables[-1][12:] == 0)  # padding rows point at the null block
+
+
+def test_output_quantization_and_fp8_query_calls_stay_on_hip(tmp_path, kernels, monkeypatch):
+    from vllm.v1.attention.backends.rocm_attn import RocmAttentionImpl
+
+    model = harness.build_model(tmp_path, num_layers=1)
+    batch, metadata = decode(model, [50] * 20)
+    assert metadata.use_asm_decode
+    layer = model.layers[model.names[0]]
+    stock_calls = []
+
+    def stock_forward(self, layer, query, key, value, kv_cache, md, output, output_scale=None,
+                      output_block_scale=None):
+        stock_calls.append((query.dtype, output_scale, output_block_scale))
+        return output
+
+    monkeypatch.setattr(RocmAttentionImpl, "forward", stock_forward)
+    out = torch.empty_like(batch.query)
+    args = (layer, batch.query, batch.key, batch.value, layer.kv_cache, metadata, out)
+    scale = torch.ones(1)
+    layer.impl.forward(*args, output_scale=scale)
+    layer.impl.forward(*args, output_block_scale=scale)
+    fp8_q = batch.query.to(torch.float8_e4m3fn)
+    layer.impl.forward(layer, fp8_q, *args[2:])
+    assert harness.asm_calls() == []
+    assert stock_calls == [(torch.bfloat16, scale, None), (torch.bfloat16, None, scale),
+                           (torch.float8_e4m3fn, None, None)]
+    layer.impl.forward(*args)  # the same call without them runs asm
+    assert len(harness.asm_calls()) == 1 and len(stock_calls) == 3
+
+
+def test_scale_reload_rebinds_tables_and_cache_swap_rebinds_views(tmp_path, kernels):
+    model = harness.build_model(tmp_path, num_layers=1, scales=[(1.0, 1.0)])
+    name = model.names[0]
+    layer = model.layers[name]
+    batch, metadata = decode(model, [40] * 16)
+    harness.run_layer(model, name, batch, metadata)
+    first = layer.impl.asm_binding
+    harness.set_layer_scales(layer, 0.5, 0.5)  # weights reloaded with new scales
+    batch, metadata = decode(model, [40] * 16, seed=1)
+    check_all_layers(model, batch, metadata)
+    second = layer.impl.asm_binding
+    assert second is not first and second.k_scale == 0.5
+    assert float(second.k_scale_table[0, 0, 0]) == 0.5
+    assert len(harness.asm_calls()) == 2
+
+
+def test_the_view_the_kernel_gets_is_the_bound_cache(tmp_path, kernels):
+    model = harness.build_model(tmp_path, num_layers=1)
+    name = model.names[0]
+    layer = model.layers[name]
+    batch, metadata = decode(model, [40] * 16)
+    harness.run_layer(model, name, batch, metadata)
+    call = harness.asm_calls()[-1]
+    base = layer.kv_cache.untyped_storage().data_ptr()
+    assert call["K"].untyped_storage().data_ptr() == base  # no copy, no relayout
+    assert call["V"].untyped_storage().data_ptr() == base
+    assert tuple(call["K"].shape[1:]) == (8, 8, 16, 16)
+    assert tuple(call["V"].shape[1:]) == (8, 1, 128, 16)
+    assert call["out_"].data_ptr() == call["Q"].data_ptr() or call["out_"].is_contiguous()
+    assert call["block_tables_stride0"] == call["block_tables"].stride(0)

@@ -1,0 +1,170 @@
+"""The contract model of ``pa_fwd_asm`` against an fp32 reference, on caches laid out in
+AITER's format directly (not through vLLM or the backend)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from vllm_rocm_asm_decode.contract_model import LauncherError, PagedAttentionAsmModel
+from vllm_rocm_asm_decode.kernel_table import load_table
+
+HSA = Path(__file__).resolve().parents[1] / "standins" / "aiter" / "hsa"
+FP8 = torch.float8_e4m3fn
+BS, X, D = 16, 16, 128
+
+
+def model(arch: str = "gfx950") -> PagedAttentionAsmModel:
+    table, note = load_table(HSA, arch)
+    assert note is None
+    return PagedAttentionAsmModel(table)
+
+
+def aiter_cache(seqs, num_blocks, kvh, scale_k, scale_v, gen):
+    """K [nb, kvh, D/X, BS, X] and shuffled V [nb, kvh, BS/X, D, X], fp8, filled token by
+    token with the index formulas of AITER's layout, plus the fp32 values they hold."""
+    k_cache = torch.zeros(num_blocks, kvh, D // X, BS, X, dtype=FP8)
+    v_cache = torch.zeros(num_blocks, kvh, BS // X, D, X, dtype=FP8)
+    free = (torch.randperm(num_blocks - 1, generator=gen) + 1).tolist()
+    tables, values = [], []
+    for n in seqs:
+        pages = [free.pop() for _ in range(max(1, math.ceil(n / BS)))]
+        k = (torch.randn(n, kvh, D, generator=gen) / scale_k).to(FP8)
+        v = (torch.randn(n, kvh, D, generator=gen) / scale_v).to(FP8)
+        for t in range(n):
+            p, s = pages[t // BS], t % BS
+            for d0 in range(0, D, X):
+                k_cache[p, :, d0 // X, s, :] = k[t, :, d0:d0 + X]
+            v_cache[p, :, s // X, :, s % X] = v[t]
+        tables.append(pages)
+        values.append((k.float() * scale_k, v.float() * scale_v))
+    width = max(len(p) for p in tables) + 2
+    bt = torch.zeros(len(seqs), width, dtype=torch.int32)
+    for i, pages in enumerate(tables):
+        bt[i, :len(pages)] = torch.tensor(pages, dtype=torch.int32)
+    return k_cache, v_cache, bt, values
+
+
+def reference(q, values, sm_scale):
+    out = torch.zeros(q.shape, dtype=torch.float32)
+    for i, (k, v) in enumerate(values):
+        g = q.shape[1] // k.shape[1]
+        kk, vv = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
+        p = torch.softmax(torch.einsum("hd,thd->ht", q[i].float(), kk) * sm_scale, -1)
+        out[i] = torch.einsum("ht,thd->hd", p, vv)
+    return out
+
+
+def scale_tables(num_blocks, kvh, sk, sv):
+    return (torch.full((num_blocks, kvh, BS), sk), torch.full((num_blocks, kvh, BS), sv))
+
+
+@pytest.mark.parametrize(("heads", "kvh"), [(40, 8), (32, 4), (20, 4)], ids=["40-8", "32-4", "20-4"])
+@pytest.mark.parametrize("qdtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_matches_fp32_reference(heads, kvh, qdtype):
+    gen = torch.Generator().manual_seed(heads + kvh)
+    seqs = [1, 15, 16, 17, 70]
+    k_cache, v_cache, bt, values = aiter_cache(seqs, 40, kvh, 0.5, 0.25, gen)
+    q = torch.randn(len(seqs), heads, D, generator=gen).to(qdtype)
+    ks, vs = scale_tables(40, kvh, 0.5, 0.25)
+    out = torch.empty_like(q)
+    res = model()(Q=q, K=k_cache, V=v_cache, block_tables=bt,
+                  context_lens=torch.tensor(seqs, dtype=torch.int32),
+                  block_tables_stride0=bt.stride(0), K_QScale=ks, V_QScale=vs, out_=out,
+                  high_precision=2)
+    assert res is out
+    torch.testing.assert_close(out.float(), reference(q, values, D**-0.5), atol=1.5e-2, rtol=0)
+
+
+def test_per_slot_scales_are_applied():
+    gen = torch.Generator().manual_seed(1)
+    k_cache, v_cache, bt, values = aiter_cache([33], 8, 8, 2.0, 2.0, gen)
+    q = torch.randn(1, 64, D, generator=gen).bfloat16()
+    ref = reference(q, values, D**-0.5)
+    kwargs = dict(K=k_cache, V=v_cache, block_tables=bt, context_lens=torch.tensor([33]),
+                  block_tables_stride0=bt.stride(0), high_precision=2)
+    right = model()(q, K_QScale=torch.full((8, 8, BS), 2.0),
+                    V_QScale=torch.full((8, 8, BS), 2.0), **kwargs)
+    wrong = model()(q, K_QScale=torch.ones(8, 8, BS), V_QScale=torch.ones(8, 8, BS), **kwargs)
+    torch.testing.assert_close(right.float(), ref, atol=1.5e-2, rtol=0)
+    assert (wrong.float() - ref).abs().max() > 0.2
+
+
+def test_softmax_scale_is_one_over_sqrt_head_size():
+    gen = torch.Generator().manual_seed(2)
+    k_cache, v_cache, bt, values = aiter_cache([40], 8, 8, 1.0, 1.0, gen)
+    q = torch.randn(1, 8, D, generator=gen).bfloat16() * 4
+    out = model()(q, k_cache, v_cache, bt, torch.tensor([40]), bt.stride(0),
+                  K_QScale=torch.ones(8, 8, BS), V_QScale=torch.ones(8, 8, BS),
+                  high_precision=2)
+    torch.testing.assert_close(out.float(), reference(q, values, 1 / math.sqrt(D)),
+                               atol=3e-2, rtol=0)
+    assert (out.float() - reference(q, values, 0.0625)).abs().max() > 0.05
+
+
+def test_query_row_stride_is_honoured_and_padding_rows_left_alone():
+    gen = torch.Generator().manual_seed(3)
+    k_cache, v_cache, bt, values = aiter_cache([20, 1], 8, 8, 1.0, 1.0, gen)
+    bt = torch.cat([bt, torch.zeros(1, bt.shape[1], dtype=torch.int32)])  # a padding row
+    qkv = torch.randn(3, 64 * D + 2 * 8 * D, generator=gen).bfloat16()
+    q = qkv[:, :64 * D].view(3, 64, D)  # rows further apart than one query
+    out = torch.full((3, 64, D), 7.0, dtype=torch.bfloat16)
+    model()(q, k_cache, v_cache, bt, torch.tensor([20, 1, 0]), bt.stride(0),
+            K_QScale=torch.ones(8, 8, BS), V_QScale=torch.ones(8, 8, BS), out_=out,
+            high_precision=2)
+    torch.testing.assert_close(out[:2].float(), reference(q[:2], values, D**-0.5),
+                               atol=1.5e-2, rtol=0)
+    assert torch.all(out[2] == 7.0)
+
+
+def test_pages_are_read_dense_from_the_base_pointer_whatever_the_strides():
+    """K and V pages interleaved in one buffer (vLLM's LBHNC): the strides describe the
+    data correctly, but the kernel steps by a dense page, so it reads V's bytes for K."""
+    gen = torch.Generator().manual_seed(4)
+    k_cache, v_cache, bt, values = aiter_cache([48, 30], 12, 8, 1.0, 1.0, gen)
+    page = 8 * D * BS
+    buf = torch.empty(12, 2, page, dtype=FP8)
+    buf[:, 0] = k_cache.reshape(12, page)
+    buf[:, 1] = v_cache.reshape(12, page)
+    k_view = buf[:, 0].view(12, 8, D // X, BS, X)  # stride(0) == 2 * page
+    v_view = buf[:, 1].view(12, 8, BS // X, D, X)
+    assert torch.equal(k_view.float(), k_cache.float())  # the views hold the right data
+    q = torch.randn(2, 64, D, generator=gen).bfloat16()
+    args = (bt, torch.tensor([48, 30]), bt.stride(0))
+    scales = dict(K_QScale=torch.ones(12, 8, BS), V_QScale=torch.ones(12, 8, BS),
+                  high_precision=2)
+    ref = reference(q, values, D**-0.5)
+    dense = model()(q, k_cache, v_cache, *args, **scales)
+    interleaved = model()(q, k_view, v_view, *args, **scales)
+    torch.testing.assert_close(dense.float(), ref, atol=1.5e-2, rtol=0)
+    assert (interleaved.float() - ref).abs().max() > 0.1
+
+
+@pytest.mark.parametrize(
+    ("heads", "kvh", "hd", "qdtype", "kvdtype", "bs", "hp", "match"),
+    [
+        (64, 8, 64, torch.bfloat16, FP8, 16, 2, "head_size=128"),
+        (64, 8, 128, torch.float32, FP8, 16, 2, "Q dtype"),
+        (64, 8, 128, torch.bfloat16, torch.float8_e5m2, 16, 2, "K dtype"),
+        (64, 4, 128, torch.bfloat16, FP8, 16, 2, "gqa:16"),
+        (64, 8, 128, torch.bfloat16, FP8, 32, 2, "block_size:32"),
+    ],
+    ids=["head-size-64", "fp32-query", "e5m2-cache", "gqa16-uhp", "block32"],
+)
+def test_raises_where_the_launcher_raises(heads, kvh, hd, qdtype, kvdtype, bs, hp, match):
+    q = torch.zeros(1, heads, hd, dtype=qdtype)
+    k = torch.zeros(4, kvh, hd * kvdtype.itemsize // 16, bs, 16 // kvdtype.itemsize,
+                    dtype=kvdtype)
+    with pytest.raises(LauncherError, match=match):
+        model().check(q, k, high_precision=hp)
+
+
+def test_gqa16_has_a_default_precision_kernel_but_no_ultra_precision_one():
+    q = torch.zeros(1, 64, D, dtype=torch.bfloat16)
+    k = torch.zeros(4, 4, D // X, BS, X, dtype=FP8)
+    assert model().check(q, k, high_precision=0).gqa == 16
+    with pytest.raises(LauncherError):
+        model("gfx950").check(q, k, high_precision=2)  # the ps=1 row must not count

@@ -1,0 +1,56 @@
+"""The plugin's environment variables: accepted values and clear errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from vllm_rocm_asm_decode import settings
+from vllm_rocm_asm_decode.decision import default_cut, resolve_cut
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [(None, True), ("", True), ("1", True), ("true", True), ("ON", True),
+     ("0", False), ("false", False), ("Off", False), (" 0 ", False)],
+    ids=lambda v: repr(v),
+)
+def test_switch_values(monkeypatch, raw, expected):
+    if raw is None:
+        monkeypatch.delenv(settings.SWITCH_ENV, raising=False)
+    else:
+        monkeypatch.setenv(settings.SWITCH_ENV, raw)
+    assert settings.asm_decode_switch() is expected
+
+
+@pytest.mark.parametrize("raw", ["2", "maybe", "enabled", "-1"])
+def test_switch_bad_value_names_variable_and_value(monkeypatch, raw):
+    monkeypatch.setenv(settings.SWITCH_ENV, raw)
+    with pytest.raises(settings.SettingError) as err:
+        settings.asm_decode_switch()
+    assert settings.SWITCH_ENV in str(err.value) and repr(raw) in str(err.value)
+
+
+@pytest.mark.parametrize(("raw", "expected"), [(None, None), ("", None), ("640", 640), (" 1 ", 1)])
+def test_cut_values(monkeypatch, raw, expected):
+    if raw is None:
+        monkeypatch.delenv(settings.CUT_ENV, raising=False)
+    else:
+        monkeypatch.setenv(settings.CUT_ENV, raw)
+    assert settings.cut_override() == expected
+
+
+@pytest.mark.parametrize("raw", ["0", "-512", "512.5", "lots", "2e3"])
+def test_cut_bad_value_names_variable_and_value(monkeypatch, raw):
+    monkeypatch.setenv(settings.CUT_ENV, raw)
+    with pytest.raises(settings.SettingError) as err:
+        settings.cut_override()
+    assert settings.CUT_ENV in str(err.value) and repr(raw) in str(err.value)
+
+
+@pytest.mark.parametrize(("cus", "cut"), [(256, 512), (304, 608)], ids=["mi355x", "mi300x"])
+def test_default_cut_is_two_query_heads_per_compute_unit(monkeypatch, cus, cut):
+    monkeypatch.delenv(settings.CUT_ENV, raising=False)
+    assert default_cut(cus) == cut
+    assert resolve_cut(cus) == cut
+    monkeypatch.setenv(settings.CUT_ENV, "1000")
+    assert resolve_cut(cus) == 1000
