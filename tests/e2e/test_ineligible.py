@@ -1,0 +1,115 @@
+"""Every layer the kernel cannot serve keeps the stock path, and the log says why."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import harness
+
+
+@pytest.fixture
+def stock_forward(monkeypatch):
+    """Record calls that reach stock ``RocmAttentionImpl.forward`` (whose Triton fallbacks
+    cannot run on a CPU) instead of running them."""
+    from vllm.v1.attention.backends.rocm_attn import RocmAttentionImpl
+
+    calls: list[str] = []
+
+    def spy(self, layer, query, key, value, kv_cache, md, output, *args, **kwargs):
+        calls.append(layer.layer_name)
+        return output
+
+    monkeypatch.setattr(RocmAttentionImpl, "forward", spy)
+    return calls
+
+
+CASES = {
+    "fp8-e5m2-cache": (dict(cache_dtype="fp8_e5m2"), "fp8_e5m2 KV cache"),
+    "bf16-cache": (dict(cache_dtype="auto"), "auto KV cache"),
+    "block-32": (dict(block_size=32), "block size 32"),
+    "head-size-64": (dict(head_size=64), "head size 64"),
+    "fp16-is-fine-fp32-is-not": (dict(dtype="float32"), "torch.float32 query"),
+    "gqa-16": (dict(num_heads=64, num_kv_heads=4), "GQA 16 has no ultra-precision asm kernel on gfx950"),
+    "gqa-10": (dict(num_heads=40, num_kv_heads=4), "GQA 10 has no ultra-precision asm kernel"),
+    "gemma-scale": (dict(layer_kwargs=[{"scale": 0.0625}]), "softmax scale 0.0625 != 1/sqrt(128)"),
+    "sliding-window": (dict(layer_kwargs=[{"per_layer_sliding_window": 128}]), "sliding window"),
+    "alibi": (dict(layer_kwargs=[{"alibi_slopes": [0.5] * 40}]), "ALiBi"),
+    "soft-cap": (dict(layer_kwargs=[{"logits_soft_cap": 30.0}]), "logits soft cap"),
+    "lbhnc-layout": (dict(layout="LBHNC"), "KV cache pages are not dense"),
+    "context-above-128k": (dict(max_position=262144, max_model_len=200000), "max_model_len 200000 > 131072"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES), ids=list(CASES))
+def test_ineligible_layer_keeps_stock_path_and_says_why(tmp_path, kernels, plugin_log,
+                                                        stock_forward, case):
+    overrides, reason = CASES[case]
+    model = harness.build_model(tmp_path, num_layers=1, **overrides)
+    name = model.names[0]
+    layer = model.layers[name]
+    dtype = {"float32": torch.float32}.get(overrides.get("dtype"), torch.bfloat16)
+    batch = harness.make_batch(model, [40] * 32, dtype=dtype)  # 32 x heads > cut
+    metadata = model.builder.build(0, batch.common)
+    assert layer.impl.asm_rejections and any(reason in r for r in layer.impl.asm_rejections)
+    assert layer.impl.asm_binding is None
+    assert not metadata.use_asm_decode  # no eligible layer in the group: never asm
+    out = torch.empty_like(batch.query)
+    layer.impl.forward(layer, batch.query, batch.key, batch.value, layer.kv_cache, metadata,
+                       out)
+    assert harness.asm_calls() == [] and stock_forward == [name]
+    assert any(reason in m and "keep the HIP decode" in m for m in plugin_log), plugin_log
+    assert any("0 of 1 layers eligible" in m for m in plugin_log)
+
+
+def test_fp16_model_is_eligible(tmp_path, kernels):
+    model = harness.build_model(tmp_path, num_layers=1, dtype="float16")
+    batch = harness.make_batch(model, [40] * 16, dtype=torch.float16)
+    harness.fill_context(model, batch)
+    metadata = model.builder.build(0, batch.common)
+    assert metadata.use_asm_decode
+    out = harness.run_layer(model, model.names[0], batch, metadata)
+    ref = harness.reference(model, batch, model.layers[model.names[0]])
+    torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=0)
+    assert len(harness.asm_calls()) == 1
+
+
+def test_mixed_layers_in_one_step(tmp_path, kernels, plugin_log, stock_forward):
+    """A Gemma-style scale on one layer: that layer stays on stock, the others run asm,
+    within the same step and the same metadata."""
+    model = harness.build_model(tmp_path, num_layers=3, layer_kwargs=[{}, {"scale": 0.0625}])
+    batch = harness.make_batch(model, [40] * 16)
+    harness.fill_context(model, batch)
+    metadata = model.builder.build(0, batch.common)
+    assert metadata.use_asm_decode
+    for name in model.names:
+        harness.run_layer(model, name, batch, metadata)
+    assert stock_forward == [model.names[1]]
+    assert len(harness.asm_calls()) == 2
+    assert any("2 of 3 layers eligible" in m for m in plugin_log)
+    reasons = [m for m in plugin_log if "keep the HIP decode" in m]
+    assert len(reasons) == 1 and "softmax scale 0.0625" in reasons[0]
+
+
+def test_each_distinct_reason_is_logged_once(tmp_path, kernels, plugin_log):
+    model = harness.build_model(tmp_path, num_layers=4,
+                                layer_kwargs=[{"scale": 0.0625}] * 3 + [{}])
+    batch = harness.make_batch(model, [40] * 16)
+    model.builder.build(0, batch.common)
+    model.builder.build(0, batch.common)
+    reasons = [m for m in plugin_log if "keep the HIP decode" in m]
+    assert len(reasons) == 1
+    assert sum("layers eligible" in m for m in plugin_log) == 1
+
+
+def test_a_layer_is_decided_only_once_its_cache_is_bound(tmp_path, kernels):
+    model = harness.build_model(tmp_path, num_layers=1)
+    layer = model.layers[model.names[0]]
+    bound = layer.kv_cache
+    layer.kv_cache = torch.tensor([])  # as before initialize_kv_cache
+    batch = harness.make_batch(model, [40] * 16)
+    metadata = model.builder.build(0, batch.common)
+    assert not metadata.use_asm_decode and layer.impl.asm_rejections is None
+    layer.kv_cache = bound
+    metadata = model.builder.build(0, batch.common)
+    assert metadata.use_asm_decode and layer.impl.asm_rejections == []
