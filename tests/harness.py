@@ -413,3 +413,15 @@ def reset_asm_calls() -> None:
 
     aiter.CALLS.clear()
 
+
+
+def load_checkpoint_scales(layer, k_scale: float, v_scale: float) -> None:
+    """Per-tensor KV scales as a checkpoint gives them, finalized by vLLM's own
+    post-load step (which doubles them for gfx942's e4m3fnuz format)."""
+    from vllm.model_executor.layers.quantization.kv_cache import BaseKVCacheMethod
+
+    method = BaseKVCacheMethod(quant_config=None)  # type: ignore[arg-type]
+    method.create_weights(layer)
+    layer.k_scale.data.fill_(k_scale)
+    layer.v_scale.data.fill_(v_scale)
+    method.process_weights_after_loading(layer)

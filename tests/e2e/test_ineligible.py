@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import harness
+from conftest import ARCH
 
 
 @pytest.fixture
@@ -30,7 +31,7 @@ CASES = {
     "block-32": (dict(block_size=32), "block size 32"),
     "head-size-64": (dict(head_size=64), "head size 64"),
     "fp16-is-fine-fp32-is-not": (dict(dtype="float32"), "torch.float32 query"),
-    "gqa-16": (dict(num_heads=64, num_kv_heads=4), "GQA 16 has no ultra-precision asm kernel on gfx950"),
+    "gqa-16": (dict(num_heads=64, num_kv_heads=4), f"GQA 16 has no ultra-precision asm kernel on {ARCH}"),
     "gqa-10": (dict(num_heads=40, num_kv_heads=4), "GQA 10 has no ultra-precision asm kernel"),
     "gemma-scale": (dict(layer_kwargs=[{"scale": 0.0625}]), "softmax scale 0.0625 != 1/sqrt(128)"),
     "sliding-window": (dict(layer_kwargs=[{"per_layer_sliding_window": 128}]), "sliding window"),
