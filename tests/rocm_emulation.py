@@ -13,17 +13,24 @@ import sys
 from pathlib import Path
 
 STANDINS = Path(__file__).resolve().parent / "standins"
+HARDWARE_STANDIN = STANDINS / "hw"  # amdsmi
+KERNEL_STANDIN = STANDINS / "kernels"  # aiter
 
 #: Compute units of the stand-in GPUs (MI300X/MI325X and MI355X).
 COMPUTE_UNITS = {"gfx942": 304, "gfx950": 256}
 
 
-def activate(arch: str | None = None) -> str:
-    """Put the stand-ins on ``sys.path`` and set the environment vLLM reads at import."""
+def activate(arch: str | None = None, *, gpu: bool = True, aiter: bool = True) -> str:
+    """Put the stand-ins on ``sys.path`` and set the environment vLLM reads at import.
+
+    ``gpu=False`` leaves the hardware query out (vLLM then finds no platform);
+    ``aiter=False`` leaves the kernel library out (as on a ROCm box without AITER).
+    """
     arch = arch or os.environ.get("ASM_DECODE_TEST_GFX", "gfx950")
     os.environ["ASM_DECODE_TEST_GFX"] = arch
-    if str(STANDINS) not in sys.path:
-        sys.path.insert(0, str(STANDINS))
+    for wanted, path in ((gpu, HARDWARE_STANDIN), (aiter, KERNEL_STANDIN)):
+        if wanted and str(path) not in sys.path:
+            sys.path.insert(0, str(path))
     os.environ["HIP_VISIBLE_DEVICES"] = ""  # vLLM's lenient driver check; no GPU is opened
     os.environ.setdefault("VLLM_ROCM_USE_AITER", "1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

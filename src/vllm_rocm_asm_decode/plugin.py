@@ -32,14 +32,14 @@ def inactive_reason() -> str | None:
 
     if not current_platform.is_rocm():
         return "not ROCm"
+    if find_spec("aiter") is None:
+        return "the aiter package is not installed"
     from vllm._aiter_ops import rocm_aiter_ops
 
     if not rocm_aiter_ops.is_enabled():
-        return "AITER is off (set VLLM_ROCM_USE_AITER=1) or unsupported on this GPU"
+        return "AITER is off (set VLLM_ROCM_USE_AITER=1) or not supported on this GPU"
     if not rocm_aiter_ops.is_mha_enabled():
         return "VLLM_ROCM_USE_AITER_MHA=0"
-    if find_spec("aiter") is None:
-        return "the aiter package is not installed"
     return None
 
 

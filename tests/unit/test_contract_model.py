@@ -12,7 +12,7 @@ import torch
 from vllm_rocm_asm_decode.contract_model import LauncherError, PagedAttentionAsmModel
 from vllm_rocm_asm_decode.kernel_table import load_table
 
-HSA = Path(__file__).resolve().parents[1] / "standins" / "aiter" / "hsa"
+HSA = Path(__file__).resolve().parents[1] / "standins" / "kernels" / "aiter" / "hsa"
 FP8 = torch.float8_e4m3fn
 BS, X, D = 16, 16, 128
 

@@ -15,7 +15,7 @@ from vllm_rocm_asm_decode.kernel_table import (
 )
 
 HEADER = "qType,kvType,Gqa,Mtp,Msk,Hp,blkSz,knl_name,co_name,ps,qTile,quant_type\n"
-STANDIN_HSA = Path(__file__).resolve().parents[1] / "standins" / "aiter" / "hsa"
+STANDIN_HSA = Path(__file__).resolve().parents[1] / "standins" / "kernels" / "aiter" / "hsa"
 #: AITER's shipped tables, as copied into the steering repo's shared/ (present in CI).
 SHIPPED = Path(__file__).resolve().parents[3] / "shared" / "reference" / "aiter"
 
