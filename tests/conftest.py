@@ -1,4 +1,9 @@
-"""Test session set-up: vLLM runs its ROCm code path on this CPU (see rocm_emulation)."""
+"""Test session set-up.
+
+On a machine without a ROCm GPU (CI, laptops) vLLM runs its ROCm code path on the CPU
+with two stand-ins (see ``rocm_emulation``). On a real ROCm GPU nothing is emulated: the
+stand-in-based suites are left out and ``tests/rocm`` runs against the real kernels.
+"""
 
 from __future__ import annotations
 
@@ -8,17 +13,22 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import rocm_emulation  # noqa: E402
+import rocm_emulation
 
-ARCH = rocm_emulation.activate()
+REAL_ROCM = rocm_emulation.real_rocm_gpu()
+ARCH = rocm_emulation.real_arch() if REAL_ROCM else rocm_emulation.activate()
 
 import pytest  # noqa: E402
+
+# The end-to-end suite needs the stand-ins; on real hardware tests/rocm covers that ground.
+collect_ignore = ["e2e"] if REAL_ROCM else []
 
 
 @pytest.fixture(scope="session", autouse=True)
 def _rocm_platform():
     """Import vLLM once the environment is set, answer the CU query, register the plugin."""
-    rocm_emulation.patch_compute_units(ARCH)
+    if not REAL_ROCM:
+        rocm_emulation.patch_compute_units(ARCH)
     from vllm_rocm_asm_decode.plugin import register
 
     register()

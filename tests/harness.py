@@ -14,7 +14,7 @@ import json
 import math
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -54,11 +54,29 @@ def _gather_kv(key_cache, value_cache, block_row, seq_len, k_scale, v_scale, fp8
     return k * float(k_scale), v * float(v_scale)
 
 
-def hip_decode_reference(out, exp_sum, max_logits, tmp_out, query, key_cache, value_cache,
-                         num_kv_heads, scale, block_tables, seq_lens, query_start_loc,
-                         block_size, max_seq_len, alibi_slopes, kv_cache_dtype, k_scale,
-                         v_scale, fp8_out_scale=None, mfma_type="f16",
-                         use_interleaved_v_cache=False) -> None:
+def hip_decode_reference(
+    out,
+    exp_sum,
+    max_logits,
+    tmp_out,
+    query,
+    key_cache,
+    value_cache,
+    num_kv_heads,
+    scale,
+    block_tables,
+    seq_lens,
+    query_start_loc,
+    block_size,
+    max_seq_len,
+    alibi_slopes,
+    kv_cache_dtype,
+    k_scale,
+    v_scale,
+    fp8_out_scale=None,
+    mfma_type="f16",
+    use_interleaved_v_cache=False,
+) -> None:
     """Torch stand-in for ``ops.paged_attention_rocm``: decode rows (query length 1)."""
     from vllm.platforms import current_platform
 
@@ -71,19 +89,45 @@ def hip_decode_reference(out, exp_sum, max_logits, tmp_out, query, key_cache, va
             continue  # prefill rows are the prefill kernel's
         if seq_len <= 0:
             continue
-        k, v = _gather_kv(key_cache, value_cache, block_tables[i], seq_len, k_scale,
-                          v_scale, current_platform.fp8_dtype())
+        k, v = _gather_kv(
+            key_cache,
+            value_cache,
+            block_tables[i],
+            seq_len,
+            k_scale,
+            v_scale,
+            current_platform.fp8_dtype(),
+        )
         q = query[row].float().view(num_kv_heads, -1, query.shape[-1])
         probs = torch.softmax(torch.einsum("hgd,htd->hgt", q, k) * scale, dim=-1)
         out[row] = torch.einsum("hgt,htd->hgd", probs, v).reshape(out.shape[1:]).to(out.dtype)
 
 
-def prefill_reference(q, k, v, o, kv_cache_dtype, k_cache, v_cache, b_loc, b_start_loc,
-                      b_seq_len, max_seq_len, max_input_len, k_scale, v_scale,
-                      alibi_slopes=None, sliding_window=None, sm_scale=None,
-                      skip_decode=False, fp8_out_scale=None, sinks=None,
-                      is_block_table_ptr=False, interleaved_v_pack_factor=0,
-                      causal=True) -> None:
+def prefill_reference(
+    q,
+    k,
+    v,
+    o,
+    kv_cache_dtype,
+    k_cache,
+    v_cache,
+    b_loc,
+    b_start_loc,
+    b_seq_len,
+    max_seq_len,
+    max_input_len,
+    k_scale,
+    v_scale,
+    alibi_slopes=None,
+    sliding_window=None,
+    sm_scale=None,
+    skip_decode=False,
+    fp8_out_scale=None,
+    sinks=None,
+    is_block_table_ptr=False,
+    interleaved_v_pack_factor=0,
+    causal=True,
+) -> None:
     """Torch stand-in for Triton ``context_attention_fwd``: causal prefill rows, reading
     the context (including this step's tokens, already written) from the cache."""
     from vllm.platforms import current_platform
@@ -94,22 +138,33 @@ def prefill_reference(q, k, v, o, kv_cache_dtype, k_cache, v_cache, b_loc, b_sta
         qlen = starts[i + 1] - starts[i]
         if qlen == 0 or (skip_decode and qlen == 1):
             continue
-        kk, vv = _gather_kv(k_cache, v_cache, b_loc[i], seq_len, k_scale, v_scale,
-                            current_platform.fp8_dtype())
+        kk, vv = _gather_kv(
+            k_cache, v_cache, b_loc[i], seq_len, k_scale, v_scale, current_platform.fp8_dtype()
+        )
         nkv = kk.shape[0]
-        qq = q[starts[i]:starts[i + 1]].float()  # [qlen, H, D]
+        qq = q[starts[i] : starts[i + 1]].float()  # [qlen, H, D]
         qq = qq.view(qlen, nkv, -1, qq.shape[-1]).permute(1, 2, 0, 3)  # [nkv, g, qlen, D]
         scores = torch.einsum("hgqd,htd->hgqt", qq, kk) * sm_scale
         pos = torch.arange(seq_len - qlen, seq_len)
         mask = torch.arange(seq_len)[None, :] > pos[:, None]
         scores = scores.masked_fill(mask, float("-inf"))
         res = torch.einsum("hgqt,htd->hgqd", torch.softmax(scores, -1), vv)
-        o[starts[i]:starts[i + 1]] = res.permute(2, 0, 1, 3).reshape(qlen, *o.shape[1:]).to(
-            o.dtype)
+        o[starts[i] : starts[i + 1]] = (
+            res.permute(2, 0, 1, 3).reshape(qlen, *o.shape[1:]).to(o.dtype)
+        )
 
 
-def cache_writer(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
-                 k_scale, v_scale, interleaved_v=False) -> None:
+def cache_writer(
+    key,
+    value,
+    key_cache,
+    value_cache,
+    slot_mapping,
+    kv_cache_dtype,
+    k_scale,
+    v_scale,
+    interleaved_v=False,
+) -> None:
     """Torch stand-in for ``ops.reshape_and_cache``: quantize and store through the
     cache's real strides (vLLM's K [nb, nkv, hd/x, bs, x] and V [nb, nkv, hd, bs])."""
     from vllm.platforms import current_platform
@@ -146,36 +201,61 @@ def install_kernel_standins(monkeypatch) -> KernelLog:
 # Configs, layers, KV cache
 
 
-def write_model_dir(path: Path, *, num_heads: int, num_kv_heads: int, head_dim: int = 128,
-                    num_layers: int = 2, max_position: int = 40960,
-                    extra: dict[str, Any] | None = None) -> Path:
+def write_model_dir(
+    path: Path,
+    *,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int = 128,
+    num_layers: int = 2,
+    max_position: int = 40960,
+    extra: dict[str, Any] | None = None,
+) -> Path:
     """A directory with a Llama-style ``config.json`` (no weights are ever loaded)."""
     path.mkdir(parents=True, exist_ok=True)
     config = {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
-        "hidden_size": num_heads * head_dim, "num_attention_heads": num_heads,
-        "num_key_value_heads": num_kv_heads, "head_dim": head_dim,
-        "num_hidden_layers": num_layers, "intermediate_size": 1024, "vocab_size": 1000,
-        "max_position_embeddings": max_position, "torch_dtype": "bfloat16",
-        "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": num_heads * head_dim,
+        "num_attention_heads": num_heads,
+        "num_key_value_heads": num_kv_heads,
+        "head_dim": head_dim,
+        "num_hidden_layers": num_layers,
+        "intermediate_size": 1024,
+        "vocab_size": 1000,
+        "max_position_embeddings": max_position,
+        "torch_dtype": "bfloat16",
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0,
     }
     config.update(extra or {})
     (path / "config.json").write_text(json.dumps(config))
     return path
 
 
-def make_vllm_config(model_dir: Path, *, cache_dtype: str = "fp8", block_size: int = 16,
-                     dtype: str = "bfloat16", max_model_len: int | None = None,
-                     layout: str | None = None):
+def make_vllm_config(
+    model_dir: Path,
+    *,
+    cache_dtype: str = "fp8",
+    block_size: int = 16,
+    dtype: str = "bfloat16",
+    max_model_len: int | None = None,
+    layout: str | None = None,
+    device: str = "cpu",
+):
     from vllm.config import CacheConfig, DeviceConfig, ModelConfig, VllmConfig
 
-    model_config = ModelConfig(model=str(model_dir), skip_tokenizer_init=True, dtype=dtype,
-                               max_model_len=max_model_len)
+    model_config = ModelConfig(
+        model=str(model_dir), skip_tokenizer_init=True, dtype=dtype, max_model_len=max_model_len
+    )
     cache_config = CacheConfig(cache_dtype=cache_dtype, block_size=block_size)
     if layout is not None:
         cache_config.kv_cache_layout = layout
-    return VllmConfig(model_config=model_config, device_config=DeviceConfig(device="cpu"),
-                      cache_config=cache_config)
+    return VllmConfig(
+        model_config=model_config,
+        device_config=DeviceConfig(device=device),
+        cache_config=cache_config,
+    )
 
 
 @dataclass
@@ -193,19 +273,31 @@ class Model:
     num_kv_heads: int
     head_size: int
     block_size: int
-    rng: torch.Generator = field(default_factory=lambda: torch.Generator().manual_seed(0))
+    device: str = "cpu"
 
     @property
     def names(self) -> list[str]:
         return list(self.layers)
 
 
-def build_model(tmp_path: Path, *, num_heads: int = 40, num_kv_heads: int = 8,
-                head_size: int = 128, num_layers: int = 2, cache_dtype: str = "fp8",
-                block_size: int = 16, dtype: str = "bfloat16", num_blocks: int = 256,
-                layout: str | None = None, max_model_len: int | None = None,
-                max_position: int = 40960, layer_kwargs: Sequence[dict[str, Any]] = (),
-                scales: Sequence[tuple[float, float]] = ()) -> Model:
+def build_model(
+    tmp_path: Path,
+    *,
+    num_heads: int = 40,
+    num_kv_heads: int = 8,
+    head_size: int = 128,
+    num_layers: int = 2,
+    cache_dtype: str = "fp8",
+    block_size: int = 16,
+    dtype: str = "bfloat16",
+    num_blocks: int = 256,
+    layout: str | None = None,
+    max_model_len: int | None = None,
+    max_position: int = 40960,
+    layer_kwargs: Sequence[dict[str, Any]] = (),
+    scales: Sequence[tuple[float, float]] = (),
+    device: str = "cpu",
+) -> Model:
     """Layers built as a model builds them, a KV cache planned, allocated and bound as
     vLLM's worker does, and the selected backend's metadata builder."""
     from vllm.config import set_current_vllm_config
@@ -215,11 +307,23 @@ def build_model(tmp_path: Path, *, num_heads: int = 40, num_kv_heads: int = 8,
     from vllm.v1.kv_cache_interface import KVCacheGroupSpec
     from vllm.v1.worker.utils import allocate_kv_cache, bind_kv_cache, customize_attention_spec
 
-    model_dir = write_model_dir(tmp_path / "model", num_heads=num_heads,
-                                num_kv_heads=num_kv_heads, head_dim=head_size,
-                                num_layers=num_layers, max_position=max_position)
-    vllm_config = make_vllm_config(model_dir, cache_dtype=cache_dtype, block_size=block_size,
-                                   dtype=dtype, max_model_len=max_model_len, layout=layout)
+    model_dir = write_model_dir(
+        tmp_path / "model",
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_size,
+        num_layers=num_layers,
+        max_position=max_position,
+    )
+    vllm_config = make_vllm_config(
+        model_dir,
+        cache_dtype=cache_dtype,
+        block_size=block_size,
+        dtype=dtype,
+        max_model_len=max_model_len,
+        layout=layout,
+        device=device,
+    )
     layers = {}
     with set_current_vllm_config(vllm_config):
         for i in range(num_layers):
@@ -227,30 +331,50 @@ def build_model(tmp_path: Path, *, num_heads: int = 40, num_kv_heads: int = 8,
             if i < len(layer_kwargs):
                 kwargs.update(layer_kwargs[i])
             name = MODEL_LAYER.format(i)
-            layers[name] = Attention(num_heads=num_heads, head_size=head_size,
-                                     num_kv_heads=num_kv_heads,
-                                     cache_config=vllm_config.cache_config, prefix=name,
-                                     **kwargs)
+            layers[name] = Attention(
+                num_heads=num_heads,
+                head_size=head_size,
+                num_kv_heads=num_kv_heads,
+                cache_config=vllm_config.cache_config,
+                prefix=name,
+                **kwargs,
+            )
     for i, layer in enumerate(layers.values()):
         k_scale, v_scale = scales[i] if i < len(scales) else (1.0, 1.0)
         set_layer_scales(layer, k_scale, v_scale)
 
     backend = next(iter(layers.values())).attn_backend
     assert all(layer.attn_backend is backend for layer in layers.values())
-    spec = customize_attention_spec(backend, next(iter(layers.values())).get_kv_cache_spec(
-        vllm_config))
+    spec = customize_attention_spec(
+        backend, next(iter(layers.values())).get_kv_cache_spec(vllm_config)
+    )
     resolved = resolve_kv_cache_layout(
-        vllm_config, [[m.name for m in backend.supported_kv_cache_layouts()]], [spec])
+        vllm_config, [[m.name for m in backend.supported_kv_cache_layouts()]], [spec]
+    )
     groups = [KVCacheGroupSpec(list(layers), spec)]
     kv_config = get_kv_cache_config_from_groups(
-        vllm_config, groups, available_memory=num_blocks * spec.page_size_bytes * num_layers)
-    caches = allocate_kv_cache(kv_config, torch.device("cpu"), resolved)
+        vllm_config, groups, available_memory=num_blocks * spec.page_size_bytes * num_layers
+    )
+    caches = allocate_kv_cache(kv_config, torch.device(device), resolved)
     bind_kv_cache(caches, vllm_config.compilation_config.static_forward_context, [])
-    builder = backend.get_builder_cls()(spec, list(layers), vllm_config, torch.device("cpu"))
-    return Model(vllm_config=vllm_config, layers=layers, backend=backend, builder=builder,
-                 spec=spec, layout=resolved, num_blocks=kv_config.num_blocks,
-                 num_heads=num_heads, num_kv_heads=num_kv_heads, head_size=head_size,
-                 block_size=block_size)
+    if device != "cpu":
+        for layer in layers.values():
+            layer.to(device)
+    builder = backend.get_builder_cls()(spec, list(layers), vllm_config, torch.device(device))
+    return Model(
+        vllm_config=vllm_config,
+        layers=layers,
+        backend=backend,
+        builder=builder,
+        spec=spec,
+        layout=resolved,
+        num_blocks=kv_config.num_blocks,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_size=head_size,
+        block_size=block_size,
+        device=device,
+    )
 
 
 def set_layer_scales(layer, k_scale: float, v_scale: float) -> None:
@@ -284,9 +408,15 @@ class Batch:
         return int(sum(self.query_lens))
 
 
-def make_batch(model: Model, seq_lens: Sequence[int], query_lens: Sequence[int] | None = None,
-               *, pad_to: int | None = None, dtype: torch.dtype = torch.bfloat16,
-               seed: int = 0) -> Batch:
+def make_batch(
+    model: Model,
+    seq_lens: Sequence[int],
+    query_lens: Sequence[int] | None = None,
+    *,
+    pad_to: int | None = None,
+    dtype: torch.dtype = torch.bfloat16,
+    seed: int = 0,
+) -> Batch:
     """A batch whose requests own distinct random blocks (block 0 is vLLM's null block).
 
     ``pad_to`` appends CUDA-graph padding requests: query length 1, sequence length 0,
@@ -299,13 +429,13 @@ def make_batch(model: Model, seq_lens: Sequence[int], query_lens: Sequence[int] 
     query_lens = list(query_lens) if query_lens is not None else [1] * len(seq_lens)
     bs = model.block_size
     pages = [math.ceil(n / bs) for n in seq_lens]
-    max_pages = max(pages + [1])
+    max_pages = max([*pages, 1])
     free = torch.randperm(model.num_blocks - 1, generator=gen) + 1
     assert sum(pages) <= free.numel(), "not enough KV blocks for this batch"
     table = torch.zeros(len(seq_lens), max_pages + 1, dtype=torch.int32)
     used = 0
     for i, n in enumerate(pages):
-        table[i, :n] = free[used:used + n].to(torch.int32)
+        table[i, :n] = free[used : used + n].to(torch.int32)
         used += n
     contexts = []
     q_rows, k_rows, v_rows, slots = [], [], [], []
@@ -315,8 +445,8 @@ def make_batch(model: Model, seq_lens: Sequence[int], query_lens: Sequence[int] 
         v = torch.randn(seq_len, kvh, hd, generator=gen)
         contexts.append((k, v))
         q_rows.append(torch.randn(qlen, h, hd, generator=gen))
-        k_rows.append(k[seq_len - qlen:])
-        v_rows.append(v[seq_len - qlen:])
+        k_rows.append(k[seq_len - qlen :])
+        v_rows.append(v[seq_len - qlen :])
         pos = torch.arange(seq_len - qlen, seq_len)
         slots.append(table[i, pos // bs].long() * bs + pos % bs)
     n_pad = (pad_to - len(seq_lens)) if pad_to else 0
@@ -330,16 +460,30 @@ def make_batch(model: Model, seq_lens: Sequence[int], query_lens: Sequence[int] 
         query_lens = query_lens + [1] * n_pad
     qsl = torch.tensor([0, *torch.tensor(query_lens).cumsum(0).tolist()], dtype=torch.int32)
     slot_mapping = torch.cat(slots)
+    dev = model.device
+    table, slot_mapping = table.to(dev), slot_mapping.to(dev)
     common = CommonAttentionMetadata(
-        query_start_loc=qsl, query_start_loc_cpu=qsl.clone(),
-        seq_lens=torch.tensor(seq_lens, dtype=torch.int32), num_reqs=len(seq_lens),
-        num_actual_tokens=int(sum(query_lens)), max_query_len=max(query_lens),
-        max_seq_len=max(seq_lens), block_table_tensor=table, slot_mapping=slot_mapping,
+        query_start_loc=qsl.to(dev),
+        query_start_loc_cpu=qsl,
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
+        num_reqs=len(seq_lens),
+        num_actual_tokens=int(sum(query_lens)),
+        max_query_len=max(query_lens),
+        max_seq_len=max(seq_lens),
+        block_table_tensor=table,
+        slot_mapping=slot_mapping,
     )
-    return Batch(seq_lens=seq_lens, query_lens=query_lens, block_table=table,
-                 query=torch.cat(q_rows).to(dtype), key=torch.cat(k_rows).to(dtype),
-                 value=torch.cat(v_rows).to(dtype), slot_mapping=slot_mapping, common=common,
-                 contexts=contexts)
+    return Batch(
+        seq_lens=seq_lens,
+        query_lens=query_lens,
+        block_table=table,
+        query=torch.cat(q_rows).to(dev, dtype),
+        key=torch.cat(k_rows).to(dev, dtype),
+        value=torch.cat(v_rows).to(dev, dtype),
+        slot_mapping=slot_mapping,
+        common=common,
+        contexts=contexts,
+    )
 
 
 def fill_context(model: Model, batch: Batch) -> None:
@@ -351,11 +495,11 @@ def fill_context(model: Model, batch: Batch) -> None:
             n = seq_len - qlen
             if n <= 0:
                 continue
-            pos = torch.arange(n)
+            pos = torch.arange(n, device=model.device)
             slots = batch.block_table[i, pos // model.block_size].long() * model.block_size
             slots = slots + pos % model.block_size
-            layer.impl.do_kv_cache_update(layer, k[:n].to(batch.key.dtype),
-                                          v[:n].to(batch.key.dtype), layer.kv_cache, slots)
+            kk, vv = (t[:n].to(model.device, batch.key.dtype) for t in (k, v))
+            layer.impl.do_kv_cache_update(layer, kk, vv, layer.kv_cache, slots)
 
 
 def run_layer(model: Model, name: str, batch: Batch, metadata) -> torch.Tensor:
@@ -367,11 +511,14 @@ def run_layer(model: Model, name: str, batch: Batch, metadata) -> torch.Tensor:
     # The custom ops behind the indirect call are registered for the CUDA dispatch key
     # only; the direct call runs the same Python functions without the op wrapper.
     layer.use_direct_call = True
-    with set_forward_context({name: metadata}, model.vllm_config,
-                             slot_mapping={name: batch.slot_mapping}):
-        out = layer(batch.query.reshape(batch.num_tokens, -1),
-                    batch.key.reshape(batch.num_tokens, -1),
-                    batch.value.reshape(batch.num_tokens, -1))
+    with set_forward_context(
+        {name: metadata}, model.vllm_config, slot_mapping={name: batch.slot_mapping}
+    ):
+        out = layer(
+            batch.query.reshape(batch.num_tokens, -1),
+            batch.key.reshape(batch.num_tokens, -1),
+            batch.value.reshape(batch.num_tokens, -1),
+        )
     return out.view(batch.num_tokens, model.num_heads, model.head_size)
 
 
@@ -381,6 +528,7 @@ def reference(model: Model, batch: Batch, layer, fp8: bool = True) -> torch.Tens
     from vllm.platforms import current_platform
 
     out = torch.zeros(batch.num_tokens, model.num_heads, model.head_size)
+    query = batch.query.cpu()
     scale = layer.impl.scale
     ks, vs = layer._k_scale_float, layer._v_scale_float
     fp8_dtype = current_platform.fp8_dtype()
@@ -390,14 +538,14 @@ def reference(model: Model, batch: Batch, layer, fp8: bool = True) -> torch.Tens
         if fp8:
             k = (k.to(batch.key.dtype).float() / ks).to(fp8_dtype).float() * ks
             v = (v.to(batch.key.dtype).float() / vs).to(fp8_dtype).float() * vs
-        q = batch.query[row:row + qlen].float()
+        q = query[row : row + qlen].float()
         g = model.num_heads // model.num_kv_heads
         kk = k.repeat_interleave(g, dim=1)  # [L, H, D]
         vv = v.repeat_interleave(g, dim=1)
         scores = torch.einsum("qhd,thd->hqt", q, kk) * scale
         pos = torch.arange(seq_len - qlen, seq_len)
         scores = scores.masked_fill(torch.arange(seq_len)[None, :] > pos[:, None], -math.inf)
-        out[row:row + qlen] = torch.einsum("hqt,thd->qhd", torch.softmax(scores, -1), vv)
+        out[row : row + qlen] = torch.einsum("hqt,thd->qhd", torch.softmax(scores, -1), vv)
         row += qlen
     return out
 
@@ -413,7 +561,6 @@ def asm_calls() -> list[dict[str, Any]]:
 
 def reset_asm_calls() -> None:
     asm_calls().clear()
-
 
 
 def load_checkpoint_scales(layer, k_scale: float, v_scale: float) -> None:

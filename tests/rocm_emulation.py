@@ -47,3 +47,18 @@ def patch_compute_units(arch: str) -> None:
         lambda cls, device_id=0: COMPUTE_UNITS[arch]
     )
     platform_utils.num_compute_units.cache_clear()
+
+
+def real_rocm_gpu() -> bool:
+    """A ROCm build of torch that sees a GPU (then nothing is emulated)."""
+    if os.environ.get("ASM_DECODE_TEST_EMULATE") == "1":
+        return False
+    import torch
+
+    return bool(getattr(torch.version, "hip", None)) and torch.cuda.is_available()
+
+
+def real_arch() -> str:
+    import torch
+
+    return torch.cuda.get_device_properties(0).gcnArchName.split(":")[0]

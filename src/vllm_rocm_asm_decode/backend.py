@@ -38,7 +38,6 @@ from .kernel_table import ULTRA_PRECISION
 from .log import logger
 from .scale_tables import scale_tables
 
-
 _announced = False
 
 
@@ -126,8 +125,12 @@ class RocmAsmDecodeImpl(RocmAttentionImpl):
         value_cache = value_cache.view(self.fp8_dtype).unsqueeze(2)
         k_scale, v_scale = float(layer._k_scale_float), float(layer._v_scale_float)
         k_table, v_table = scale_tables(
-            kv_cache.device, key_cache.shape[0], self.num_kv_heads, key_cache.shape[3],
-            k_scale, v_scale,
+            kv_cache.device,
+            key_cache.shape[0],
+            self.num_kv_heads,
+            key_cache.shape[3],
+            k_scale,
+            v_scale,
         )
         return AsmLayerBinding(
             kv_cache=kv_cache,
@@ -174,8 +177,17 @@ class RocmAsmDecodeImpl(RocmAttentionImpl):
             output_quant_requested=output_scale is not None or output_block_scale is not None,
             query_dtype_ok=binding is not None and query.dtype == binding.query_dtype,
         ):
-            return super().forward(layer, query, key, value, kv_cache, attn_metadata,
-                                   output, output_scale, output_block_scale)
+            return super().forward(
+                layer,
+                query,
+                key,
+                value,
+                kv_cache,
+                attn_metadata,
+                output,
+                output_scale,
+                output_block_scale,
+            )
         assert binding is not None
         if (
             kv_cache is not binding.kv_cache
@@ -184,8 +196,17 @@ class RocmAsmDecodeImpl(RocmAttentionImpl):
         ):
             binding = self._rebind(layer, kv_cache)
             if binding is None:
-                return super().forward(layer, query, key, value, kv_cache, attn_metadata,
-                                       output, output_scale, output_block_scale)
+                return super().forward(
+                    layer,
+                    query,
+                    key,
+                    value,
+                    kv_cache,
+                    attn_metadata,
+                    output,
+                    output_scale,
+                    output_block_scale,
+                )
         num_tokens = attn_metadata.num_actual_tokens
         block_table = attn_metadata.block_table
         binding.kernel.run(
@@ -250,8 +271,9 @@ class RocmAsmDecodeMetadataBuilder(RocmAttentionMetadataBuilder):
             return
         if kernel.table_note is not None:
             logger.warning_once(
-                "ROCM_ATTN asm decode: AITER's kernel table was not read (%s); "
-                "assuming %s", kernel.table_note, kernel.table.source,
+                "ROCM_ATTN asm decode: AITER's kernel table was not read (%s); assuming %s",
+                kernel.table_note,
+                kernel.table.source,
             )
         from vllm.utils.platform_utils import num_compute_units
 
@@ -263,12 +285,11 @@ class RocmAsmDecodeMetadataBuilder(RocmAttentionMetadataBuilder):
             impl = layer.impl
             if not isinstance(impl, RocmAsmDecodeImpl):
                 continue
-            reasons = impl.bind_asm(layer, layer.kv_cache, kernel, model_config.dtype,
-                                    model_config.max_model_len)
+            reasons = impl.bind_asm(
+                layer, layer.kv_cache, kernel, model_config.dtype, model_config.max_model_len
+            )
             for reason in reasons:
-                logger.info_once(
-                    "ROCM_ATTN asm decode: layers with %s keep the HIP decode", reason
-                )
+                logger.info_once("ROCM_ATTN asm decode: layers with %s keep the HIP decode", reason)
             eligible += not reasons
         self.asm_eligible_layers = eligible
         _announce(self, arch, compute_units, eligible, len(layers), model_config.max_model_len)
@@ -291,15 +312,21 @@ def _announce(
         "ROCM_ATTN asm decode: %d of %d layers eligible on %s; pure-decode steps above "
         "%d query heads (%s) run aiter.pa_fwd_asm with high_precision=%d, the rest the "
         "HIP decode",
-        eligible, total, arch, builder.asm_cut,
-        f"2 x {compute_units} CUs" if builder.asm_cut == 2 * compute_units else "set by "
-        "VLLM_ROCM_ASM_DECODE_CUT",
+        eligible,
+        total,
+        arch,
+        builder.asm_cut,
+        f"2 x {compute_units} CUs"
+        if builder.asm_cut == 2 * compute_units
+        else "set by VLLM_ROCM_ASM_DECODE_CUT",
         ULTRA_PRECISION,
     )
     if eligible and max_model_len > VALIDATED_CONTEXT:
         logger.info(
             "ROCM_ATTN asm decode: contexts above %d tokens (max_model_len %d) are not "
-            "validated on hardware", VALIDATED_CONTEXT, max_model_len,
+            "validated on hardware",
+            VALIDATED_CONTEXT,
+            max_model_len,
         )
 
 

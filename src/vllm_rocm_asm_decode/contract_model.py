@@ -73,8 +73,18 @@ class PagedAttentionAsmModel:
     ) -> torch.Tensor:
         row = self.check(Q, K, max_qlen, qo_indptr, high_precision, kernelName)
         output = out_ if out_ is not None else torch.empty_like(Q)
-        self._compute(Q, K, V, block_tables, context_lens, block_tables_stride0,
-                      K_QScale, V_QScale, output, fp8=row.kv_type == "fp8")
+        self._compute(
+            Q,
+            K,
+            V,
+            block_tables,
+            context_lens,
+            block_tables_stride0,
+            K_QScale,
+            V_QScale,
+            output,
+            fp8=row.kv_type == "fp8",
+        )
         return output
 
     def check(
@@ -104,8 +114,15 @@ class PagedAttentionAsmModel:
             mtp, msk = 0, 0
         hp = {1: 1, 2: 2}.get(int(high_precision or 0), 0)
         gqa = Q.size(1) // K.size(1)
-        row = self.table.find(q_type=q_type, kv_type=kv_type, gqa=gqa,
-                              block_size=K.size(3), high_precision=hp, mtp=mtp, msk=msk)
+        row = self.table.find(
+            q_type=q_type,
+            kv_type=kv_type,
+            gqa=gqa,
+            block_size=K.size(3),
+            high_precision=hp,
+            mtp=mtp,
+            msk=msk,
+        )
         if row is None:
             raise LauncherError(
                 f"cannot get heuristic kernel! arch:{self.table.arch} q_type:{q_type} "
@@ -140,12 +157,14 @@ class PagedAttentionAsmModel:
         # The kernel's view of memory, ignoring every stride it is not given.
         k_pages = _dense(K, (num_blocks, num_kv_heads, head_size // x, block_size, x))
         v_pages = _dense(V, (num_blocks, num_kv_heads, block_size // x, head_size, x))
-        q_rows = torch.as_strided(Q, (batch, num_heads, head_size),
-                                  (Q.stride(0), head_size, 1), Q.storage_offset())
+        q_rows = torch.as_strided(
+            Q, (batch, num_heads, head_size), (Q.stride(0), head_size, 1), Q.storage_offset()
+        )
         o_rows = _dense(out, (batch, num_heads, head_size))
         max_blocks = block_tables.size(1)
-        bt_rows = torch.as_strided(block_tables, (batch, max_blocks), (bt_stride0, 1),
-                                   block_tables.storage_offset())
+        bt_rows = torch.as_strided(
+            block_tables, (batch, max_blocks), (bt_stride0, 1), block_tables.storage_offset()
+        )
         if fp8:
             ks = _dense(k_scale, (num_blocks, num_kv_heads, block_size))
             vs = _dense(v_scale, (num_blocks, num_kv_heads, block_size))
@@ -169,5 +188,6 @@ class PagedAttentionAsmModel:
             q = q_rows[i].float().view(num_kv_heads, gqa, head_size)
             scores = torch.einsum("hgd,htd->hgt", q, k) * sm_scale
             probs = torch.softmax(scores, dim=-1)
-            o_rows[i] = torch.einsum("hgt,htd->hgd", probs, v).reshape(
-                num_heads, head_size).to(out.dtype)
+            o_rows[i] = (
+                torch.einsum("hgt,htd->hgd", probs, v).reshape(num_heads, head_size).to(out.dtype)
+            )

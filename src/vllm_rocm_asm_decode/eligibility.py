@@ -75,12 +75,15 @@ def rejection_reasons(facts: LayerFacts, kernels: KernelTable) -> list[str]:
         reasons.append(f"{f.num_heads} query heads over {f.num_kv_heads} KV heads")
     else:
         gqa = f.num_heads // f.num_kv_heads
-        row = kernels.find(q_type=q_type, kv_type="fp8", gqa=gqa,
-                           block_size=f.block_size, high_precision=ULTRA_PRECISION)
+        row = kernels.find(
+            q_type=q_type,
+            kv_type="fp8",
+            gqa=gqa,
+            block_size=f.block_size,
+            high_precision=ULTRA_PRECISION,
+        )
         if row is None:
-            reasons.append(
-                f"GQA {gqa} has no ultra-precision asm kernel on {kernels.arch}"
-            )
+            reasons.append(f"GQA {gqa} has no ultra-precision asm kernel on {kernels.arch}")
     # Launcher: the softmax scale is hardcoded to 1/sqrt(head_size).
     expected = hardcoded_softmax_scale(f.head_size)
     if not math.isclose(f.scale, expected, rel_tol=SCALE_RTOL):

@@ -21,8 +21,16 @@ from .kernel_table import KernelTable, load_table, normalize_arch
 #: Keywords the call passes. AITER releases before ``block_tables_stride0`` took a
 #: positional ``max_num_blocks`` there and had no ``high_precision``.
 REQUIRED_PARAMETERS = (
-    "Q", "K", "V", "block_tables", "context_lens", "block_tables_stride0",
-    "K_QScale", "V_QScale", "out_", "high_precision",
+    "Q",
+    "K",
+    "V",
+    "block_tables",
+    "context_lens",
+    "block_tables_stride0",
+    "K_QScale",
+    "V_QScale",
+    "out_",
+    "high_precision",
 )
 
 
@@ -63,7 +71,7 @@ def load_asm_kernel(arch: str) -> tuple[AsmKernel | None, str | None]:
     """``(kernel, None)``, or ``(None, why not)``. Cached for the process."""
     try:
         import aiter
-    except Exception as exc:  # noqa: BLE001 - any import failure means "stay on HIP"
+    except Exception as exc:  # any import failure means: stay on HIP, say why
         return None, f"aiter cannot be imported ({type(exc).__name__}: {exc})"
     fn = getattr(aiter, "pa_fwd_asm", None)
     if fn is None:
@@ -71,11 +79,13 @@ def load_asm_kernel(arch: str) -> tuple[AsmKernel | None, str | None]:
     problem = signature_problem(fn)
     if problem is not None:
         return None, problem
+    # aiter.jit.core sets AITER_ASM_DIR when aiter is imported; read its constant otherwise.
     asm_dir = os.environ.get("AITER_ASM_DIR")
     if not asm_dir:
         try:
-            from aiter.jit.core import AITER_ASM_DIR as asm_dir  # type: ignore[no-redef]
-        except Exception:  # noqa: BLE001
-            asm_dir = None
+            from aiter.jit import core
+        except Exception:
+            core = None
+        asm_dir = getattr(core, "AITER_ASM_DIR", None)
     table, note = load_table(asm_dir, arch)
     return AsmKernel(run=fn, table=table, table_note=note), None

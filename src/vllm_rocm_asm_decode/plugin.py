@@ -11,10 +11,8 @@ from __future__ import annotations
 
 from importlib.util import find_spec
 
-
 from . import settings
 from .log import logger
-
 
 BACKEND_PATH = "vllm_rocm_asm_decode.backend.RocmAsmDecodeBackend"
 

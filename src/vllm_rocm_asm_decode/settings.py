@@ -36,8 +36,7 @@ def asm_decode_switch() -> bool:
     if value in _FALSE:
         return False
     raise SettingError(
-        f"{SWITCH_ENV}={raw!r} is not understood; use 1 (asm decode on, the default) "
-        "or 0 (off)"
+        f"{SWITCH_ENV}={raw!r} is not understood; use 1 (asm decode on, the default) or 0 (off)"
     )
 
 

@@ -30,8 +30,7 @@ def test_cut_follows_the_compute_units(tmp_path, kernels, plugin_log):
     above = model.builder.build(0, harness.make_batch(model, [20] * (n + 1)).common)
     assert model.builder.asm_cut == CUT
     assert not at.use_asm_decode and above.use_asm_decode
-    assert any(f"eligible on {ARCH}" in m and f"above {CUT} query heads" in m
-               for m in plugin_log)
+    assert any(f"eligible on {ARCH}" in m and f"above {CUT} query heads" in m for m in plugin_log)
 
 
 def test_cache_dtype_and_vllm_finalized_scales_follow_the_arch(tmp_path, kernels):
@@ -55,8 +54,9 @@ def test_cache_dtype_and_vllm_finalized_scales_follow_the_arch(tmp_path, kernels
 
 def test_gqa_kernels_follow_the_arch_table(tmp_path):
     for kvh, ok in ((8, True), (5, True), (4, False)):
-        model = harness.build_model(tmp_path / str(kvh), num_layers=1, num_heads=40,
-                                    num_kv_heads=kvh)
+        model = harness.build_model(
+            tmp_path / str(kvh), num_layers=1, num_heads=40, num_kv_heads=kvh
+        )
         model.builder.build(0, harness.make_batch(model, [20] * 16).common)
         impl = model.layers[model.names[0]].impl
         assert (impl.asm_binding is not None) is ok, impl.asm_rejections

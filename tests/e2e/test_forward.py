@@ -40,8 +40,7 @@ def test_vllm_selects_the_plugin_backend_under_the_rocm_attn_name(tmp_path):
     assert model.layout.name == "LHBNC"
 
 
-def test_pure_decode_above_the_cut_runs_asm_and_matches_reference(tmp_path, kernels,
-                                                                  plugin_log):
+def test_pure_decode_above_the_cut_runs_asm_and_matches_reference(tmp_path, kernels, plugin_log):
     model = harness.build_model(tmp_path, scales=[(0.5, 0.25), (1.0, 2.0)])
     # 20 sequences x 40 heads = 800 query heads > 2 x CUs (512 on gfx950, 608 on gfx942)
     batch, metadata = decode(model, [100, 37, 16, 1, 200, 17, 15, 64, 3, 90] * 2)
@@ -51,12 +50,15 @@ def test_pure_decode_above_the_cut_runs_asm_and_matches_reference(tmp_path, kern
     assert len(calls) == 2 and kernels.hip_decode == 0
     assert all(c["high_precision"] == 2 for c in calls)
     assert kernels.cache_writes > 0  # this step's tokens went through vLLM's writer
-    assert any(f"2 of 2 layers eligible on {ARCH}" in m and str(2 * COMPUTE_UNITS[ARCH]) in m
-               for m in plugin_log)
+    assert any(
+        f"2 of 2 layers eligible on {ARCH}" in m and str(2 * COMPUTE_UNITS[ARCH]) in m
+        for m in plugin_log
+    )
 
 
-@pytest.mark.parametrize(("num_seqs", "asm"), [(12, False), (13, True)],
-                         ids=["at-cut-480", "above-cut-520"])
+@pytest.mark.parametrize(
+    ("num_seqs", "asm"), [(12, False), (13, True)], ids=["at-cut-480", "above-cut-520"]
+)
 def test_cut_on_query_heads(tmp_path, kernels, monkeypatch, num_seqs, asm):
     monkeypatch.setenv("VLLM_ROCM_ASM_DECODE_CUT", "480")
     model = harness.build_model(tmp_path, num_layers=1)
@@ -110,8 +112,18 @@ def test_output_quantization_and_fp8_query_calls_stay_on_hip(tmp_path, kernels, 
     layer = model.layers[model.names[0]]
     stock_calls = []
 
-    def stock_forward(self, layer, query, key, value, kv_cache, md, output, output_scale=None,
-                      output_block_scale=None):
+    def stock_forward(
+        self,
+        layer,
+        query,
+        key,
+        value,
+        kv_cache,
+        md,
+        output,
+        output_scale=None,
+        output_block_scale=None,
+    ):
         stock_calls.append((query.dtype, output_scale, output_block_scale))
         return output
 
@@ -124,8 +136,11 @@ def test_output_quantization_and_fp8_query_calls_stay_on_hip(tmp_path, kernels, 
     fp8_q = batch.query.to(torch.float8_e4m3fn)
     layer.impl.forward(layer, fp8_q, *args[2:])
     assert harness.asm_calls() == []
-    assert stock_calls == [(torch.bfloat16, scale, None), (torch.bfloat16, None, scale),
-                           (torch.float8_e4m3fn, None, None)]
+    assert stock_calls == [
+        (torch.bfloat16, scale, None),
+        (torch.bfloat16, None, scale),
+        (torch.float8_e4m3fn, None, None),
+    ]
     layer.impl.forward(*args)  # the same call without them runs asm
     assert len(harness.asm_calls()) == 1 and len(stock_calls) == 3
 

@@ -31,20 +31,27 @@ CASES = {
     "block-32": (dict(block_size=32), "block size 32"),
     "head-size-64": (dict(head_size=64), "head size 64"),
     "fp16-is-fine-fp32-is-not": (dict(dtype="float32"), "torch.float32 query"),
-    "gqa-16": (dict(num_heads=64, num_kv_heads=4), f"GQA 16 has no ultra-precision asm kernel on {ARCH}"),
+    "gqa-16": (
+        dict(num_heads=64, num_kv_heads=4),
+        f"GQA 16 has no ultra-precision asm kernel on {ARCH}",
+    ),
     "gqa-10": (dict(num_heads=40, num_kv_heads=4), "GQA 10 has no ultra-precision asm kernel"),
     "gemma-scale": (dict(layer_kwargs=[{"scale": 0.0625}]), "softmax scale 0.0625 != 1/sqrt(128)"),
     "sliding-window": (dict(layer_kwargs=[{"per_layer_sliding_window": 128}]), "sliding window"),
     "alibi": (dict(layer_kwargs=[{"alibi_slopes": [0.5] * 40}]), "ALiBi"),
     "soft-cap": (dict(layer_kwargs=[{"logits_soft_cap": 30.0}]), "logits soft cap"),
     "lbhnc-layout": (dict(layout="LBHNC"), "KV cache pages are not dense"),
-    "context-above-128k": (dict(max_position=262144, max_model_len=200000), "max_model_len 200000 > 131072"),
+    "context-above-128k": (
+        dict(max_position=262144, max_model_len=200000),
+        "max_model_len 200000 > 131072",
+    ),
 }
 
 
 @pytest.mark.parametrize("case", list(CASES), ids=list(CASES))
-def test_ineligible_layer_keeps_stock_path_and_says_why(tmp_path, kernels, plugin_log,
-                                                        stock_forward, case):
+def test_ineligible_layer_keeps_stock_path_and_says_why(
+    tmp_path, kernels, plugin_log, stock_forward, case
+):
     overrides, reason = CASES[case]
     model = harness.build_model(tmp_path, num_layers=1, **overrides)
     name = model.names[0]
@@ -56,8 +63,7 @@ def test_ineligible_layer_keeps_stock_path_and_says_why(tmp_path, kernels, plugi
     assert layer.impl.asm_binding is None
     assert not metadata.use_asm_decode  # no eligible layer in the group: never asm
     out = torch.empty_like(batch.query)
-    layer.impl.forward(layer, batch.query, batch.key, batch.value, layer.kv_cache, metadata,
-                       out)
+    layer.impl.forward(layer, batch.query, batch.key, batch.value, layer.kv_cache, metadata, out)
     assert harness.asm_calls() == [] and stock_forward == [name]
     assert any(reason in m and "keep the HIP decode" in m for m in plugin_log), plugin_log
     assert any("0 of 1 layers eligible" in m for m in plugin_log)
@@ -93,8 +99,7 @@ def test_mixed_layers_in_one_step(tmp_path, kernels, plugin_log, stock_forward):
 
 
 def test_each_distinct_reason_is_logged_once(tmp_path, kernels, plugin_log):
-    model = harness.build_model(tmp_path, num_layers=4,
-                                layer_kwargs=[{"scale": 0.0625}] * 3 + [{}])
+    model = harness.build_model(tmp_path, num_layers=4, layer_kwargs=[{"scale": 0.0625}] * 3 + [{}])
     batch = harness.make_batch(model, [40] * 16)
     model.builder.build(0, batch.common)
     model.builder.build(0, batch.common)

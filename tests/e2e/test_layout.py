@@ -14,8 +14,9 @@ from vllm_rocm_asm_decode.contract_model import _dense
 def split(model, layer):
     from vllm.v1.attention.ops.paged_attn import PagedAttention
 
-    return PagedAttention.split_kv_cache(layer.kv_cache.transpose(0, 1), model.num_kv_heads,
-                                         model.head_size)
+    return PagedAttention.split_kv_cache(
+        layer.kv_cache.transpose(0, 1), model.num_kv_heads, model.head_size
+    )
 
 
 def shuffled_from_vllm_v(v: torch.Tensor, x: int) -> torch.Tensor:
@@ -35,10 +36,12 @@ def random_bytes(layer):
     [("fp8", 16, True), ("fp8", 32, False), ("auto", 16, False)],
     ids=["fp8-block16", "fp8-block32", "bf16-block16"],
 )
-def test_unsqueezed_v_is_aiters_shuffled_v_only_for_fp8_block16(tmp_path, cache_dtype,
-                                                                 block_size, same):
-    model = harness.build_model(tmp_path, num_layers=1, cache_dtype=cache_dtype,
-                                block_size=block_size, num_blocks=32)
+def test_unsqueezed_v_is_aiters_shuffled_v_only_for_fp8_block16(
+    tmp_path, cache_dtype, block_size, same
+):
+    model = harness.build_model(
+        tmp_path, num_layers=1, cache_dtype=cache_dtype, block_size=block_size, num_blocks=32
+    )
     layer = model.layers[model.names[0]]
     random_bytes(layer)
     _, v = split(model, layer)
@@ -74,18 +77,42 @@ def test_lbhnc_pages_are_not_dense_and_the_kernel_would_read_wrong_bytes(tmp_pat
     fp8 = layer.impl.fp8_dtype
     ones = torch.ones(k.shape[0], model.num_kv_heads, 16)
     run = PagedAttentionAsmModel(kernel.table)
-    out = run(batch.query, k.view(fp8), v.view(fp8).unsqueeze(2), batch.block_table,
-              batch.common.seq_lens, batch.block_table.stride(0), K_QScale=ones,
-              V_QScale=ones, high_precision=2)
+    out = run(
+        batch.query,
+        k.view(fp8),
+        v.view(fp8).unsqueeze(2),
+        batch.block_table,
+        batch.common.seq_lens,
+        batch.block_table.stride(0),
+        K_QScale=ones,
+        V_QScale=ones,
+        high_precision=2,
+    )
     ref = harness.reference(model, batch, layer)
     assert (out.float() - ref).abs().max() > 0.1
     # The same bytes read through the views' real strides are right: the cache holds the
     # correct data, only the kernel's dense-page addressing misreads it.
     strided = torch.zeros_like(batch.query)
-    harness.hip_decode_reference(strided, None, None, None, batch.query, k, v,
-                                 model.num_kv_heads, layer.impl.scale, batch.block_table,
-                                 batch.common.seq_lens, None, 16, 40, None, "fp8",
-                                 torch.tensor(1.0), torch.tensor(1.0))
+    harness.hip_decode_reference(
+        strided,
+        None,
+        None,
+        None,
+        batch.query,
+        k,
+        v,
+        model.num_kv_heads,
+        layer.impl.scale,
+        batch.block_table,
+        batch.common.seq_lens,
+        None,
+        16,
+        40,
+        None,
+        "fp8",
+        torch.tensor(1.0),
+        torch.tensor(1.0),
+    )
     torch.testing.assert_close(strided.float(), ref, atol=2e-2, rtol=0)
 
 
@@ -96,5 +123,6 @@ def torch_writer_fill(model, layer, batch):
         n = batch.seq_lens[i]
         pos = torch.arange(n)
         slots = batch.block_table[i, pos // 16].long() * 16 + pos % 16
-        harness.cache_writer(kk.bfloat16(), vv.bfloat16(), k, v, slots, "fp8",
-                             torch.tensor(1.0), torch.tensor(1.0))
+        harness.cache_writer(
+            kk.bfloat16(), vv.bfloat16(), k, v, slots, "fp8", torch.tensor(1.0), torch.tensor(1.0)
+        )

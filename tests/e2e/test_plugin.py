@@ -76,18 +76,32 @@ PROBE = textwrap.dedent("""
 """)
 
 
-def probe(env: dict[str, str], *, gpu: bool = True, aiter: bool = True, via_vllm: bool = False,
-          run_decode: bool = False) -> dict:
-    script = PROBE.format(tests=str(TESTS), gpu=gpu, aiter=aiter, via_vllm=via_vllm,
-                          run_decode=run_decode)
-    full_env = {k: v for k, v in os.environ.items()
-                if not k.startswith(("VLLM_", "ASM_DECODE_TEST_NOOP"))}
+def probe(
+    env: dict[str, str],
+    *,
+    gpu: bool = True,
+    aiter: bool = True,
+    via_vllm: bool = False,
+    run_decode: bool = False,
+) -> dict:
+    script = PROBE.format(
+        tests=str(TESTS), gpu=gpu, aiter=aiter, via_vllm=via_vllm, run_decode=run_decode
+    )
+    full_env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "ASM_DECODE_TEST_NOOP"))
+    }
     full_env.update(env)
-    proc = subprocess.run([sys.executable, "-c", script], env=full_env, capture_output=True,
-                          text=True, timeout=600, cwd=str(TESTS))
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=str(TESTS),
+    )
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stderr[-4000:]
-    return json.loads(lines[-1][len("RESULT "):])
+    return json.loads(lines[-1][len("RESULT ") :])
 
 
 def test_entry_point_is_installed():
@@ -113,18 +127,21 @@ def test_vllms_own_plugin_loader_runs_it():
 
 
 def test_vllm_plugins_allow_list_can_leave_it_out():
-    r = probe({"VLLM_ROCM_USE_AITER": "1", "VLLM_PLUGINS": "lora_filesystem_resolver"},
-              via_vllm=True)
+    r = probe(
+        {"VLLM_ROCM_USE_AITER": "1", "VLLM_PLUGINS": "lora_filesystem_resolver"}, via_vllm=True
+    )
     assert r["rocm_attn"] == STOCK["ROCM_ATTN"] and r["changed"] == []
 
 
 @pytest.mark.parametrize(
     ("env", "kw", "reason"),
     [
-        ({"VLLM_ROCM_USE_AITER": "1", "VLLM_ROCM_USE_AITER_MHA": "0"}, {},
-         "VLLM_ROCM_USE_AITER_MHA=0"),
-        ({"VLLM_ROCM_USE_AITER": "1", "VLLM_ROCM_ASM_DECODE": "0"}, {},
-         "VLLM_ROCM_ASM_DECODE=0"),
+        (
+            {"VLLM_ROCM_USE_AITER": "1", "VLLM_ROCM_USE_AITER_MHA": "0"},
+            {},
+            "VLLM_ROCM_USE_AITER_MHA=0",
+        ),
+        ({"VLLM_ROCM_USE_AITER": "1", "VLLM_ROCM_ASM_DECODE": "0"}, {}, "VLLM_ROCM_ASM_DECODE=0"),
         ({"VLLM_ROCM_USE_AITER": "0"}, {}, "AITER is off"),
         ({"VLLM_ROCM_USE_AITER": "1"}, {"aiter": False}, "aiter package is not installed"),
     ],
@@ -144,8 +161,9 @@ def test_not_rocm_registers_nothing():
     assert any("not ROCm" in m for m in r["log"]), r["log"]
 
 
-@pytest.mark.parametrize(("var", "value"), [("VLLM_ROCM_ASM_DECODE_CUT", "lots"),
-                                            ("VLLM_ROCM_ASM_DECODE", "maybe")])
+@pytest.mark.parametrize(
+    ("var", "value"), [("VLLM_ROCM_ASM_DECODE_CUT", "lots"), ("VLLM_ROCM_ASM_DECODE", "maybe")]
+)
 def test_bad_setting_is_a_startup_error_naming_it(var, value):
     r = probe({"VLLM_ROCM_USE_AITER": "1", var: value})
     assert r["error"] is not None and var in r["error"] and repr(value) in r["error"]

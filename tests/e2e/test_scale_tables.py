@@ -21,8 +21,7 @@ def test_store_is_the_one_rocm_aiter_fa_uses():
 
 
 def test_equal_scales_share_one_allocation(tmp_path):
-    model = harness.build_model(tmp_path, num_layers=4, num_blocks=48,
-                                scales=[(0.75, 0.75)] * 4)
+    model = harness.build_model(tmp_path, num_layers=4, num_blocks=48, scales=[(0.75, 0.75)] * 4)
     bindings = bind(model)
     ptrs = {t.data_ptr() for b in bindings for t in (b.k_scale_table, b.v_scale_table)}
     assert len(ptrs) == 1
@@ -46,13 +45,20 @@ def test_different_scales_get_their_own_tables(tmp_path):
 def test_qwen3_14b_shape_costs_at_most_a_tenth_of_a_percent_of_the_kv_cache(tmp_path):
     """Qwen3-14B: 40 layers, 40 query / 8 KV heads of 128; scales as in its checkpoint
     (K and V different, equal across layers)."""
-    model = harness.build_model(tmp_path, num_layers=40, num_heads=40, num_kv_heads=8,
-                                num_blocks=64, scales=[(1.0, 0.5)] * 40)
+    model = harness.build_model(
+        tmp_path,
+        num_layers=40,
+        num_heads=40,
+        num_kv_heads=8,
+        num_blocks=64,
+        scales=[(1.0, 0.5)] * 40,
+    )
     bindings = bind(model)
     tables = {t.data_ptr(): t for b in bindings for t in (b.k_scale_table, b.v_scale_table)}
     table_bytes = sum(t.numel() * t.element_size() for t in tables.values())
-    kv_bytes = sum(layer.kv_cache.numel() * layer.kv_cache.element_size()
-                   for layer in model.layers.values())
+    kv_bytes = sum(
+        layer.kv_cache.numel() * layer.kv_cache.element_size() for layer in model.layers.values()
+    )
     share = table_bytes / kv_bytes
     assert len(tables) == 2
     assert share <= 0.001, share

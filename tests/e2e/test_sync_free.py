@@ -8,8 +8,18 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import harness
 
 #: Ops that read a device value on the host (a GPU sync) or move data to the host.
-HOST_READS = {"_local_scalar_dense", "item", "nonzero", "is_nonzero", "equal", "_to_copy",
-              "copy_", "to", "tolist", "_pin_memory"}
+HOST_READS = {
+    "_local_scalar_dense",
+    "item",
+    "nonzero",
+    "is_nonzero",
+    "equal",
+    "_to_copy",
+    "copy_",
+    "to",
+    "tolist",
+    "_pin_memory",
+}
 
 
 class OpRecorder(TorchDispatchMode):
@@ -22,11 +32,12 @@ class OpRecorder(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        inputs = {t.untyped_storage().data_ptr()
-                  for t in torch.utils._pytree.tree_leaves((args, kwargs))
-                  if isinstance(t, torch.Tensor)}
-        outputs = [t for t in torch.utils._pytree.tree_leaves(out)
-                   if isinstance(t, torch.Tensor)]
+        inputs = {
+            t.untyped_storage().data_ptr()
+            for t in torch.utils._pytree.tree_leaves((args, kwargs))
+            if isinstance(t, torch.Tensor)
+        }
+        outputs = [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
         allocates = any(t.untyped_storage().data_ptr() not in inputs for t in outputs)
         self.ops.append((func.overloadpacket.__name__, allocates))
         return out
@@ -45,8 +56,9 @@ def test_forward_on_the_asm_path_is_sync_free_and_allocation_free(tmp_path, monk
         metadata = model.builder.build(0, batch.common)
     with OpRecorder() as forward_ops:
         for layer in model.layers.values():
-            layer.impl.forward(layer, batch.query, batch.key, batch.value, layer.kv_cache,
-                               metadata, out)
+            layer.impl.forward(
+                layer, batch.query, batch.key, batch.value, layer.kv_cache, metadata, out
+            )
     assert len(harness.asm_calls()) == 2  # the asm path really ran
     for recorder in (build_ops, forward_ops):
         assert not [op for op, _ in recorder.ops if op in HOST_READS], recorder.ops
@@ -62,7 +74,8 @@ def test_the_recorder_sees_what_stock_decode_does(tmp_path, kernels):
     layer = model.layers[model.names[0]]
     out = torch.empty_like(batch.query)
     with OpRecorder() as ops:
-        layer.impl.forward(layer, batch.query, batch.key, batch.value, layer.kv_cache,
-                           metadata, out)
+        layer.impl.forward(
+            layer, batch.query, batch.key, batch.value, layer.kv_cache, metadata, out
+        )
     assert sum(alloc for _, alloc in ops.ops) >= 3
     assert any(op in HOST_READS for op, _ in ops.ops)  # the torch reference reads lengths

@@ -37,14 +37,14 @@ def aiter_cache(seqs, num_blocks, kvh, scale_k, scale_v, gen):
         for t in range(n):
             p, s = pages[t // BS], t % BS
             for d0 in range(0, D, X):
-                k_cache[p, :, d0 // X, s, :] = k[t, :, d0:d0 + X]
+                k_cache[p, :, d0 // X, s, :] = k[t, :, d0 : d0 + X]
             v_cache[p, :, s // X, :, s % X] = v[t]
         tables.append(pages)
         values.append((k.float() * scale_k, v.float() * scale_v))
     width = max(len(p) for p in tables) + 2
     bt = torch.zeros(len(seqs), width, dtype=torch.int32)
     for i, pages in enumerate(tables):
-        bt[i, :len(pages)] = torch.tensor(pages, dtype=torch.int32)
+        bt[i, : len(pages)] = torch.tensor(pages, dtype=torch.int32)
     return k_cache, v_cache, bt, values
 
 
@@ -62,7 +62,9 @@ def scale_tables(num_blocks, kvh, sk, sv):
     return (torch.full((num_blocks, kvh, BS), sk), torch.full((num_blocks, kvh, BS), sv))
 
 
-@pytest.mark.parametrize(("heads", "kvh"), [(40, 8), (32, 4), (20, 4)], ids=["40-8", "32-4", "20-4"])
+@pytest.mark.parametrize(
+    ("heads", "kvh"), [(40, 8), (32, 4), (20, 4)], ids=["40-8", "32-4", "20-4"]
+)
 @pytest.mark.parametrize("qdtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 def test_matches_fp32_reference(heads, kvh, qdtype):
     gen = torch.Generator().manual_seed(heads + kvh)
@@ -71,10 +73,18 @@ def test_matches_fp32_reference(heads, kvh, qdtype):
     q = torch.randn(len(seqs), heads, D, generator=gen).to(qdtype)
     ks, vs = scale_tables(40, kvh, 0.5, 0.25)
     out = torch.empty_like(q)
-    res = model()(Q=q, K=k_cache, V=v_cache, block_tables=bt,
-                  context_lens=torch.tensor(seqs, dtype=torch.int32),
-                  block_tables_stride0=bt.stride(0), K_QScale=ks, V_QScale=vs, out_=out,
-                  high_precision=2)
+    res = model()(
+        Q=q,
+        K=k_cache,
+        V=v_cache,
+        block_tables=bt,
+        context_lens=torch.tensor(seqs, dtype=torch.int32),
+        block_tables_stride0=bt.stride(0),
+        K_QScale=ks,
+        V_QScale=vs,
+        out_=out,
+        high_precision=2,
+    )
     assert res is out
     torch.testing.assert_close(out.float(), reference(q, values, D**-0.5), atol=1.5e-2, rtol=0)
 
@@ -84,10 +94,17 @@ def test_per_slot_scales_are_applied():
     k_cache, v_cache, bt, values = aiter_cache([33], 8, 8, 2.0, 2.0, gen)
     q = torch.randn(1, 64, D, generator=gen).bfloat16()
     ref = reference(q, values, D**-0.5)
-    kwargs = dict(K=k_cache, V=v_cache, block_tables=bt, context_lens=torch.tensor([33]),
-                  block_tables_stride0=bt.stride(0), high_precision=2)
-    right = model()(q, K_QScale=torch.full((8, 8, BS), 2.0),
-                    V_QScale=torch.full((8, 8, BS), 2.0), **kwargs)
+    kwargs = dict(
+        K=k_cache,
+        V=v_cache,
+        block_tables=bt,
+        context_lens=torch.tensor([33]),
+        block_tables_stride0=bt.stride(0),
+        high_precision=2,
+    )
+    right = model()(
+        q, K_QScale=torch.full((8, 8, BS), 2.0), V_QScale=torch.full((8, 8, BS), 2.0), **kwargs
+    )
     wrong = model()(q, K_QScale=torch.ones(8, 8, BS), V_QScale=torch.ones(8, 8, BS), **kwargs)
     torch.testing.assert_close(right.float(), ref, atol=1.5e-2, rtol=0)
     assert (wrong.float() - ref).abs().max() > 0.2
@@ -97,11 +114,20 @@ def test_softmax_scale_is_one_over_sqrt_head_size():
     gen = torch.Generator().manual_seed(2)
     k_cache, v_cache, bt, values = aiter_cache([40], 8, 8, 1.0, 1.0, gen)
     q = torch.randn(1, 8, D, generator=gen).bfloat16() * 4
-    out = model()(q, k_cache, v_cache, bt, torch.tensor([40]), bt.stride(0),
-                  K_QScale=torch.ones(8, 8, BS), V_QScale=torch.ones(8, 8, BS),
-                  high_precision=2)
-    torch.testing.assert_close(out.float(), reference(q, values, 1 / math.sqrt(D)),
-                               atol=3e-2, rtol=0)
+    out = model()(
+        q,
+        k_cache,
+        v_cache,
+        bt,
+        torch.tensor([40]),
+        bt.stride(0),
+        K_QScale=torch.ones(8, 8, BS),
+        V_QScale=torch.ones(8, 8, BS),
+        high_precision=2,
+    )
+    torch.testing.assert_close(
+        out.float(), reference(q, values, 1 / math.sqrt(D)), atol=3e-2, rtol=0
+    )
     assert (out.float() - reference(q, values, 0.0625)).abs().max() > 0.05
 
 
@@ -110,13 +136,23 @@ def test_query_row_stride_is_honoured_and_padding_rows_left_alone():
     k_cache, v_cache, bt, values = aiter_cache([20, 1], 8, 8, 1.0, 1.0, gen)
     bt = torch.cat([bt, torch.zeros(1, bt.shape[1], dtype=torch.int32)])  # a padding row
     qkv = torch.randn(3, 64 * D + 2 * 8 * D, generator=gen).bfloat16()
-    q = qkv[:, :64 * D].view(3, 64, D)  # rows further apart than one query
+    q = qkv[:, : 64 * D].view(3, 64, D)  # rows further apart than one query
     out = torch.full((3, 64, D), 7.0, dtype=torch.bfloat16)
-    model()(q, k_cache, v_cache, bt, torch.tensor([20, 1, 0]), bt.stride(0),
-            K_QScale=torch.ones(8, 8, BS), V_QScale=torch.ones(8, 8, BS), out_=out,
-            high_precision=2)
-    torch.testing.assert_close(out[:2].float(), reference(q[:2], values, D**-0.5),
-                               atol=1.5e-2, rtol=0)
+    model()(
+        q,
+        k_cache,
+        v_cache,
+        bt,
+        torch.tensor([20, 1, 0]),
+        bt.stride(0),
+        K_QScale=torch.ones(8, 8, BS),
+        V_QScale=torch.ones(8, 8, BS),
+        out_=out,
+        high_precision=2,
+    )
+    torch.testing.assert_close(
+        out[:2].float(), reference(q[:2], values, D**-0.5), atol=1.5e-2, rtol=0
+    )
     assert torch.all(out[2] == 7.0)
 
 
@@ -134,8 +170,7 @@ def test_pages_are_read_dense_from_the_base_pointer_whatever_the_strides():
     assert torch.equal(k_view.float(), k_cache.float())  # the views hold the right data
     q = torch.randn(2, 64, D, generator=gen).bfloat16()
     args = (bt, torch.tensor([48, 30]), bt.stride(0))
-    scales = dict(K_QScale=torch.ones(12, 8, BS), V_QScale=torch.ones(12, 8, BS),
-                  high_precision=2)
+    scales = dict(K_QScale=torch.ones(12, 8, BS), V_QScale=torch.ones(12, 8, BS), high_precision=2)
     ref = reference(q, values, D**-0.5)
     dense = model()(q, k_cache, v_cache, *args, **scales)
     interleaved = model()(q, k_view, v_view, *args, **scales)
@@ -156,8 +191,7 @@ def test_pages_are_read_dense_from_the_base_pointer_whatever_the_strides():
 )
 def test_raises_where_the_launcher_raises(heads, kvh, hd, qdtype, kvdtype, bs, hp, match):
     q = torch.zeros(1, heads, hd, dtype=qdtype)
-    k = torch.zeros(4, kvh, hd * kvdtype.itemsize // 16, bs, 16 // kvdtype.itemsize,
-                    dtype=kvdtype)
+    k = torch.zeros(4, kvh, hd * kvdtype.itemsize // 16, bs, 16 // kvdtype.itemsize, dtype=kvdtype)
     with pytest.raises(LauncherError, match=match):
         model().check(q, k, high_precision=hp)
 

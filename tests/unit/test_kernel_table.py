@@ -21,8 +21,9 @@ SHIPPED = Path(__file__).resolve().parents[3] / "shared" / "reference" / "aiter"
 
 
 def table(*rows: str, arch: str = "gfx950") -> KernelTable:
-    return KernelTable(arch=arch, rows=parse_table(io.StringIO(HEADER + "\n".join(rows))),
-                       source="test")
+    return KernelTable(
+        arch=arch, rows=parse_table(io.StringIO(HEADER + "\n".join(rows))), source="test"
+    )
 
 
 def uhp(t: KernelTable, gqa: int, q: str = "bf16", block_size: int = 16):
@@ -41,10 +42,14 @@ def test_gqa_is_tried_exactly_then_rounded_up_to_a_multiple_of_8():
 def test_precision_two_matches_only_ultra_precision_rows():
     t = table("bf16,fp8,8,0,0,0,16,k,hp0.co,0,0,0", "bf16,fp8,8,0,0,1,16,k,hp1.co,0,0,0")
     assert uhp(t, 8) is None
-    assert t.find(q_type="bf16", kv_type="fp8", gqa=8, block_size=16,
-                  high_precision=1).co_name == "hp0.co"  # 1 takes the first match
-    assert t.find(q_type="bf16", kv_type="fp8", gqa=8, block_size=16,
-                  high_precision=0).co_name == "hp0.co"
+    assert (
+        t.find(q_type="bf16", kv_type="fp8", gqa=8, block_size=16, high_precision=1).co_name
+        == "hp0.co"
+    )  # 1 takes the first match
+    assert (
+        t.find(q_type="bf16", kv_type="fp8", gqa=8, block_size=16, high_precision=0).co_name
+        == "hp0.co"
+    )
 
 
 @pytest.mark.parametrize("column", ["ps", "qTile", "quant_type"])

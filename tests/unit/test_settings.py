@@ -10,8 +10,17 @@ from vllm_rocm_asm_decode.decision import default_cut, resolve_cut
 
 @pytest.mark.parametrize(
     ("raw", "expected"),
-    [(None, True), ("", True), ("1", True), ("true", True), ("ON", True),
-     ("0", False), ("false", False), ("Off", False), (" 0 ", False)],
+    [
+        (None, True),
+        ("", True),
+        ("1", True),
+        ("true", True),
+        ("ON", True),
+        ("0", False),
+        ("false", False),
+        ("Off", False),
+        (" 0 ", False),
+    ],
     ids=lambda v: repr(v),
 )
 def test_switch_values(monkeypatch, raw, expected):

@@ -45,11 +45,33 @@ def pa_fwd_asm(
     kernelName: str | None = None,  # noqa: N803
 ) -> torch.Tensor:
     CALLS.append(
-        {"Q": Q, "K": K, "V": V, "block_tables": block_tables, "context_lens": context_lens,
-         "block_tables_stride0": block_tables_stride0, "K_QScale": K_QScale,
-         "V_QScale": V_QScale, "out_": out_, "high_precision": high_precision}
+        {
+            "Q": Q,
+            "K": K,
+            "V": V,
+            "block_tables": block_tables,
+            "context_lens": context_lens,
+            "block_tables_stride0": block_tables_stride0,
+            "K_QScale": K_QScale,
+            "V_QScale": V_QScale,
+            "out_": out_,
+            "high_precision": high_precision,
+        }
     )
     if os.environ.get("ASM_DECODE_TEST_NOOP_KERNELS") == "1":
         return out_ if out_ is not None else torch.empty_like(Q)
-    return _model()(Q, K, V, block_tables, context_lens, block_tables_stride0, max_qlen,
-                    K_QScale, V_QScale, out_, qo_indptr, high_precision, kernelName)
+    return _model()(
+        Q,
+        K,
+        V,
+        block_tables,
+        context_lens,
+        block_tables_stride0,
+        max_qlen,
+        K_QScale,
+        V_QScale,
+        out_,
+        qo_indptr,
+        high_precision,
+        kernelName,
+    )
