@@ -31,6 +31,7 @@ from vllm.v1.attention.ops.chunked_prefill_paged_decode import has_native_kv_cac
 from vllm.v1.attention.ops.paged_attn import PagedAttention
 from vllm.v1.kv_cache_interface import AttentionSpec
 
+from . import settings
 from .decision import call_uses_asm, resolve_cut, step_uses_asm
 from .eligibility import VALIDATED_CONTEXT, LayerFacts, rejection_reasons
 from .kernel import AsmKernel, current_arch, load_asm_kernel
@@ -158,6 +159,39 @@ class RocmAsmDecodeImpl(RocmAttentionImpl):
         self.asm_binding = self._make_binding(layer, kv_cache)
         return self.asm_binding
 
+    def _binding_for_call(
+        self,
+        layer: torch.nn.Module,
+        query: torch.Tensor,
+        kv_cache: torch.Tensor,
+        attn_metadata: RocmAttentionMetadata | None,
+        output: torch.Tensor,
+        output_quant_requested: bool,
+    ) -> AsmLayerBinding | None:
+        """The binding to run this call on ``pa_fwd_asm`` with, or None for stock."""
+        binding = self.asm_binding
+        if binding is None or attn_metadata is None:
+            return None
+        if not call_uses_asm(
+            step_asm=getattr(attn_metadata, "use_asm_decode", False),
+            layer_eligible=True,
+            output_quant_requested=output_quant_requested,
+            # The kernel gets Q's row stride only (heads and dims dense) and writes out_
+            # densely from its base.
+            tensors_ok=query.dtype == binding.query_dtype
+            and query.stride(-1) == 1
+            and query.stride(-2) == self.head_size
+            and output.is_contiguous(),
+        ):
+            return None
+        if (
+            kv_cache is not binding.kv_cache
+            or layer._k_scale_float != binding.k_scale
+            or layer._v_scale_float != binding.v_scale
+        ):
+            return self._rebind(layer, kv_cache)
+        return binding
+
     def forward(
         self,
         layer: torch.nn.Module,
@@ -170,13 +204,15 @@ class RocmAsmDecodeImpl(RocmAttentionImpl):
         output_scale: torch.Tensor | None = None,
         output_block_scale: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        binding = self.asm_binding
-        if attn_metadata is None or not call_uses_asm(
-            step_asm=getattr(attn_metadata, "use_asm_decode", False),
-            layer_eligible=binding is not None,
-            output_quant_requested=output_scale is not None or output_block_scale is not None,
-            query_dtype_ok=binding is not None and query.dtype == binding.query_dtype,
-        ):
+        binding = self._binding_for_call(
+            layer,
+            query,
+            kv_cache,
+            attn_metadata,
+            output,
+            output_scale is not None or output_block_scale is not None,
+        )
+        if binding is None:
             return super().forward(
                 layer,
                 query,
@@ -188,25 +224,6 @@ class RocmAsmDecodeImpl(RocmAttentionImpl):
                 output_scale,
                 output_block_scale,
             )
-        assert binding is not None
-        if (
-            kv_cache is not binding.kv_cache
-            or layer._k_scale_float != binding.k_scale
-            or layer._v_scale_float != binding.v_scale
-        ):
-            binding = self._rebind(layer, kv_cache)
-            if binding is None:
-                return super().forward(
-                    layer,
-                    query,
-                    key,
-                    value,
-                    kv_cache,
-                    attn_metadata,
-                    output,
-                    output_scale,
-                    output_block_scale,
-                )
         num_tokens = attn_metadata.num_actual_tokens
         block_table = attn_metadata.block_table
         binding.kernel.run(
@@ -316,9 +333,9 @@ def _announce(
         total,
         arch,
         builder.asm_cut,
-        f"2 x {compute_units} CUs"
-        if builder.asm_cut == 2 * compute_units
-        else "set by VLLM_ROCM_ASM_DECODE_CUT",
+        f"set by {settings.CUT_ENV}"
+        if settings.cut_override() is not None
+        else f"2 x {compute_units} CUs",
         ULTRA_PRECISION,
     )
     if eligible and max_model_len > VALIDATED_CONTEXT:

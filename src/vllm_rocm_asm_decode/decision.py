@@ -8,7 +8,8 @@ The rule (the layer part lives in :mod:`.eligibility`):
   GPU is under-occupied and the HIP kernel is as fast or faster, the same cut AITER's
   ``paged_attention_common`` uses between its asm and HIP kernels.
 * call: the step says asm, the layer is eligible, no fused output quantization was
-  asked for, and the query is in the layer's bf16/fp16 dtype (not an fp8 query).
+  asked for, and the call's tensors are what the kernel reads: the query in the layer's
+  bf16/fp16 dtype (not an fp8 query) with dense heads, and a dense output.
 
 The step decision is made once per step by the metadata builder, so a CUDA graph
 captured for a (padded) batch size holds exactly one decode kernel.
@@ -52,7 +53,7 @@ def call_uses_asm(
     step_asm: bool,
     layer_eligible: bool,
     output_quant_requested: bool,
-    query_dtype_ok: bool,
+    tensors_ok: bool,
 ) -> bool:
     """Whether one ``forward`` call runs the asm kernel."""
-    return step_asm and layer_eligible and not output_quant_requested and query_dtype_ok
+    return step_asm and layer_eligible and not output_quant_requested and tensors_ok

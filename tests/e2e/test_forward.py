@@ -103,7 +103,9 @@ def test_cuda_graph_padding_rows_do_not_disturb_real_rows(tmp_path, kernels):
     assert torch.all(call_tables[-1][12:] == 0)  # padding rows point at the null block
 
 
-def test_output_quantization_and_fp8_query_calls_stay_on_hip(tmp_path, kernels, monkeypatch):
+def test_output_quant_fp8_query_and_strided_output_calls_stay_on_stock(
+    tmp_path, kernels, monkeypatch
+):
     from vllm.v1.attention.backends.rocm_attn import RocmAttentionImpl
 
     model = harness.build_model(tmp_path, num_layers=1)
@@ -141,8 +143,11 @@ def test_output_quantization_and_fp8_query_calls_stay_on_hip(tmp_path, kernels, 
         (torch.bfloat16, None, scale),
         (torch.float8_e4m3fn, None, None),
     ]
-    layer.impl.forward(*args)  # the same call without them runs asm
-    assert len(harness.asm_calls()) == 1 and len(stock_calls) == 3
+    strided_out = torch.empty(out.shape[0], out.shape[1], 2 * out.shape[2])[..., : out.shape[2]]
+    layer.impl.forward(*args[:6], strided_out)  # the kernel writes out_ densely: stock
+    assert harness.asm_calls() == [] and len(stock_calls) == 4
+    layer.impl.forward(*args)  # the same call without any of them runs asm
+    assert len(harness.asm_calls()) == 1 and len(stock_calls) == 4
 
 
 def test_scale_reload_rebinds_tables_and_cache_swap_rebinds_views(tmp_path, kernels):

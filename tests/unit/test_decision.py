@@ -95,7 +95,7 @@ def test_asm_iff_every_condition_holds(
         step_asm=step,
         layer_eligible=layer_ok,
         output_quant_requested=output_quant,
-        query_dtype_ok=not call_query_fp8,
+        tensors_ok=not call_query_fp8,
     )
     expected = (
         oracle_layer_ok(facts, arch)
