@@ -275,8 +275,15 @@ class RocmAsmDecodeMetadataBuilder(RocmAttentionMetadataBuilder):
         return RocmAsmDecodeMetadata(**vars(metadata), use_asm_decode=use_asm)
 
     def _bind_layers(self) -> None:
-        layers = get_layers_from_vllm_config(self.vllm_config, Attention, self.layer_names)
-        if any(layer.kv_cache.dim() != 4 for layer in layers.values()):
+        layers = [
+            layer
+            for layer in get_layers_from_vllm_config(
+                self.vllm_config, Attention, self.layer_names
+            ).values()
+            if isinstance(layer.impl, RocmAsmDecodeImpl)
+        ]
+        cached = [layer for layer in layers if layer.impl.attn_type == AttentionType.DECODER]
+        if any(layer.kv_cache.dim() != 4 for layer in cached):
             return  # the KV cache is not bound yet (profiling): decide at a later build
         self.asm_layers_bound = True
         arch = current_arch()
@@ -298,13 +305,15 @@ class RocmAsmDecodeMetadataBuilder(RocmAttentionMetadataBuilder):
         self.asm_cut = resolve_cut(compute_units)
         model_config = self.vllm_config.model_config
         eligible = 0
-        for layer in layers.values():
+        for layer in layers:
             impl = layer.impl
-            if not isinstance(impl, RocmAsmDecodeImpl):
-                continue
-            reasons = impl.bind_asm(
-                layer, layer.kv_cache, kernel, model_config.dtype, model_config.max_model_len
-            )
+            if impl.attn_type != AttentionType.DECODER:
+                # Encoder attention has no paged KV cache to decode from.
+                impl.asm_rejections = reasons = ["not decoder self-attention"]
+            else:
+                reasons = impl.bind_asm(
+                    layer, layer.kv_cache, kernel, model_config.dtype, model_config.max_model_len
+                )
             for reason in reasons:
                 logger.info_once("ROCM_ATTN asm decode: layers with %s keep the HIP decode", reason)
             eligible += not reasons

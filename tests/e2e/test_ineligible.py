@@ -119,3 +119,29 @@ def test_a_layer_is_decided_only_once_its_cache_is_bound(tmp_path, kernels):
     layer.kv_cache = bound
     metadata = model.builder.build(0, batch.common)
     assert metadata.use_asm_decode and layer.impl.asm_rejections == []
+
+
+def test_encoder_only_attention_is_decided_without_a_kv_cache(tmp_path, kernels, plugin_log):
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.layers.attention import Attention
+    from vllm.v1.attention.backend import AttentionType
+
+    model = harness.build_model(tmp_path, num_layers=1)
+    with set_current_vllm_config(model.vllm_config):
+        encoder = Attention(
+            num_heads=40,
+            head_size=128,
+            scale=128**-0.5,
+            num_kv_heads=8,
+            cache_config=model.vllm_config.cache_config,
+            prefix="model.encoder.0.attn",
+            attn_type=AttentionType.ENCODER_ONLY,
+        )
+    assert encoder.attn_backend is model.backend and encoder.kv_cache.dim() == 1
+    builder = model.backend.get_builder_cls()(
+        model.spec, ["model.encoder.0.attn"], model.vllm_config, torch.device("cpu")
+    )
+    metadata = builder.build(0, harness.make_batch(model, [40] * 16).common)
+    assert builder.asm_layers_bound and not metadata.use_asm_decode
+    assert encoder.impl.asm_rejections == ["not decoder self-attention"]
+    assert any("not decoder self-attention" in m for m in plugin_log)
