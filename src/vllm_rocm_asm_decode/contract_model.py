@@ -57,19 +57,19 @@ class PagedAttentionAsmModel:
 
     def __call__(
         self,
-        Q: torch.Tensor,  # noqa: N803 - AITER's argument names
-        K: torch.Tensor,  # noqa: N803
-        V: torch.Tensor,  # noqa: N803
+        Q: torch.Tensor,
+        K: torch.Tensor,
+        V: torch.Tensor,
         block_tables: torch.Tensor,
         context_lens: torch.Tensor,
         block_tables_stride0: int,
         max_qlen: int = 1,
-        K_QScale: torch.Tensor | None = None,  # noqa: N803
-        V_QScale: torch.Tensor | None = None,  # noqa: N803
+        K_QScale: torch.Tensor | None = None,
+        V_QScale: torch.Tensor | None = None,
         out_: torch.Tensor | None = None,
         qo_indptr: torch.Tensor | None = None,
         high_precision: int | None = 1,
-        kernelName: str | None = None,  # noqa: N803
+        kernelName: str | None = None,
     ) -> torch.Tensor:
         row = self.check(Q, K, max_qlen, qo_indptr, high_precision, kernelName)
         output = out_ if out_ is not None else torch.empty_like(Q)
@@ -89,8 +89,8 @@ class PagedAttentionAsmModel:
 
     def check(
         self,
-        Q: torch.Tensor,  # noqa: N803
-        K: torch.Tensor,  # noqa: N803
+        Q: torch.Tensor,
+        K: torch.Tensor,
         max_qlen: int = 1,
         qo_indptr: torch.Tensor | None = None,
         high_precision: int | None = 1,
@@ -135,9 +135,9 @@ class PagedAttentionAsmModel:
 
     @staticmethod
     def _compute(
-        Q: torch.Tensor,  # noqa: N803
-        K: torch.Tensor,  # noqa: N803
-        V: torch.Tensor,  # noqa: N803
+        Q: torch.Tensor,
+        K: torch.Tensor,
+        V: torch.Tensor,
         block_tables: torch.Tensor,
         context_lens: torch.Tensor,
         bt_stride0: int,

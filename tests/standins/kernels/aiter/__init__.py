@@ -30,19 +30,19 @@ def _model() -> PagedAttentionAsmModel:
 
 
 def pa_fwd_asm(
-    Q: torch.Tensor,  # noqa: N803
-    K: torch.Tensor,  # noqa: N803
-    V: torch.Tensor,  # noqa: N803
+    Q: torch.Tensor,
+    K: torch.Tensor,
+    V: torch.Tensor,
     block_tables: torch.Tensor,
     context_lens: torch.Tensor,
     block_tables_stride0: int,
     max_qlen: int = 1,
-    K_QScale: torch.Tensor | None = None,  # noqa: N803
-    V_QScale: torch.Tensor | None = None,  # noqa: N803
+    K_QScale: torch.Tensor | None = None,
+    V_QScale: torch.Tensor | None = None,
     out_: torch.Tensor | None = None,
     qo_indptr: torch.Tensor | None = None,
     high_precision: int | None = 1,
-    kernelName: str | None = None,  # noqa: N803
+    kernelName: str | None = None,
 ) -> torch.Tensor:
     CALLS.append(
         {
