@@ -72,7 +72,8 @@ class RocmAsmDecodeImpl(RocmAttentionImpl):
         self.asm_binding: AsmLayerBinding | None = None
         #: Why this layer stays on HIP; None until the layer is decided.
         self.asm_rejections: list[str] | None = None
-        self._asm_context: tuple[AsmKernel, torch.dtype] | None = None
+        #: (kernel, query dtype, max_model_len) of the last decision, to decide again.
+        self._asm_context: tuple[AsmKernel, torch.dtype, int] | None = None
 
     def layer_facts(
         self, kv_cache: torch.Tensor, query_dtype: torch.dtype, max_model_len: int
@@ -113,25 +114,28 @@ class RocmAsmDecodeImpl(RocmAttentionImpl):
             self.layer_facts(kv_cache, query_dtype, max_model_len), kernel.table
         )
         self.asm_rejections = reasons
-        self._asm_context = (kernel, query_dtype)
-        self.asm_binding = None if reasons else self._make_binding(layer, kv_cache)
+        self._asm_context = (kernel, query_dtype, max_model_len)
+        self.asm_binding = (
+            None if reasons else self._make_binding(layer, kv_cache, kernel, query_dtype)
+        )
         return reasons
 
-    def _make_binding(self, layer: torch.nn.Module, kv_cache: torch.Tensor) -> AsmLayerBinding:
-        assert self._asm_context is not None
-        kernel, query_dtype = self._asm_context
+    def _make_binding(
+        self,
+        layer: torch.nn.Module,
+        kv_cache: torch.Tensor,
+        kernel: AsmKernel,
+        query_dtype: torch.dtype,
+    ) -> AsmLayerBinding:
         key_cache, value_cache = self._split(kv_cache)
         key_cache = key_cache.view(self.fp8_dtype)
         # [nb, nkv, head_size, 16] is AITER's shuffled [nb, nkv, 16/16, head_size, 16].
         value_cache = value_cache.view(self.fp8_dtype).unsqueeze(2)
         k_scale, v_scale = float(layer._k_scale_float), float(layer._v_scale_float)
+        # Shaped as the kernel indexes them: K's block count, KV heads and block size.
+        num_blocks, num_kv_heads, _, block_size, _ = key_cache.shape
         k_table, v_table = scale_tables(
-            kv_cache.device,
-            key_cache.shape[0],
-            self.num_kv_heads,
-            key_cache.shape[3],
-            k_scale,
-            v_scale,
+            kv_cache.device, num_blocks, num_kv_heads, block_size, k_scale, v_scale
         )
         return AsmLayerBinding(
             kv_cache=kv_cache,
@@ -146,17 +150,14 @@ class RocmAsmDecodeImpl(RocmAttentionImpl):
         )
 
     def _rebind(self, layer: torch.nn.Module, kv_cache: torch.Tensor) -> AsmLayerBinding | None:
-        """The cache was re-bound or the scales reloaded: make the binding again."""
-        key_cache, value_cache = self._split(kv_cache)
-        if not has_native_kv_cache_layout(key_cache, value_cache):
+        """The cache was re-bound or the scales reloaded: decide and bind the layer again."""
+        assert self._asm_context is not None
+        for reason in self.bind_asm(layer, kv_cache, *self._asm_context):
             logger.warning_once(
-                "ROCM_ATTN asm decode: a re-bound KV cache is not dense; "
-                "the layer keeps the HIP decode"
+                "ROCM_ATTN asm decode: after a KV cache re-bind, layers with %s keep the "
+                "HIP decode",
+                reason,
             )
-            self.asm_binding = None
-            self.asm_rejections = ["KV cache pages are not dense (needs vLLM's LHBNC layout)"]
-            return None
-        self.asm_binding = self._make_binding(layer, kv_cache)
         return self.asm_binding
 
     def _binding_for_call(

@@ -180,3 +180,34 @@ def test_the_view_the_kernel_gets_is_the_bound_cache(tmp_path, kernels):
     assert tuple(call["V"].shape[1:]) == (8, 1, 128, 16)
     assert call["out_"].is_contiguous() and tuple(call["out_"].shape) == (16, 40, 128)
     assert call["block_tables_stride0"] == call["block_tables"].stride(0)
+
+
+def test_a_rebound_cache_is_decided_again(tmp_path, kernels, plugin_log, monkeypatch):
+    from vllm.v1.attention.backends.rocm_attn import RocmAttentionImpl
+
+    model = harness.build_model(tmp_path, num_layers=1)
+    name = model.names[0]
+    layer = model.layers[name]
+    batch, metadata = decode(model, [40] * 16)
+    harness.run_layer(model, name, batch, metadata)
+    first = layer.impl.asm_binding
+    # The same layout in new memory: bound again, asm keeps running on the new cache.
+    old = layer.kv_cache
+    layer.kv_cache = torch.empty_strided(old.shape, old.stride(), dtype=old.dtype)
+    layer.kv_cache.copy_(old)
+    check_all_layers(model, batch, metadata)
+    assert layer.impl.asm_binding is not first
+    assert layer.impl.asm_binding.kv_cache is layer.kv_cache
+    assert len(harness.asm_calls()) == 2
+    # K and V pages interleaved (LBHNC strides): refused, stock path, and the log says why.
+    stock_calls = []
+    monkeypatch.setattr(RocmAttentionImpl, "forward", lambda self, *a, **k: stock_calls.append(1))
+    side = old.stride(1) // old.shape[0]  # bytes of one K (or V) page
+    layer.kv_cache = torch.empty_strided(
+        old.shape, (2 * side, side, *old.stride()[2:]), dtype=old.dtype
+    )
+    out = torch.empty_like(batch.query)
+    layer.impl.forward(layer, batch.query, batch.key, batch.value, layer.kv_cache, metadata, out)
+    assert stock_calls == [1] and len(harness.asm_calls()) == 2
+    assert layer.impl.asm_binding is None
+    assert any("re-bind" in m and "not dense" in m for m in plugin_log)
