@@ -1,0 +1,366 @@
+"""``plan``: what the backend will do for a model on a GPU, computed by the backend's own rule.
+
+The model's attention facts come from vLLM's ``ModelConfig`` (offline, from a directory
+holding a Hugging Face ``config.json``); the answers from :mod:`.eligibility`,
+:mod:`.decision` and :mod:`.kernel_table`, exactly as the builder asks them at run time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .decision import default_cut, resolve_cut, step_uses_asm
+from .eligibility import LayerFacts, rejection_reasons
+from .kernel_table import KernelTable, fallback_table
+
+PRESETS_DIR = Path(__file__).resolve().parent / "presets"
+DEFAULT_PRESET = "qwen3-14b-fp8"
+
+
+@dataclass(frozen=True)
+class Gpu:
+    name: str
+    arch: str
+    compute_units: int
+
+
+GPUS = {
+    "mi300x": Gpu("MI300X", "gfx942", 304),
+    "mi325x": Gpu("MI325X", "gfx942", 304),
+    "mi355x": Gpu("MI355X", "gfx950", 256),
+}
+DEFAULT_GPU = "mi355x"
+
+
+class PlanError(ValueError):
+    """A problem with the user's input; the CLI prints it as one line and exits 2."""
+
+
+def presets() -> list[str]:
+    return sorted(p.name for p in PRESETS_DIR.iterdir() if (p / "config.json").is_file())
+
+
+def default_capture_sizes(max_size: int = 512) -> list[int]:
+    """vLLM's default CUDA-graph capture sizes (``VllmConfig._set_cudagraph_sizes``):
+    1, 2, 4, then every 8 below 256, then every 16 up to the maximum (512 by default)."""
+    return [1, 2, 4, *range(8, 256, 8), *range(256, max_size + 1, 16)]
+
+
+@dataclass
+class LayerGroup:
+    layers: list[int]
+    eligible: bool
+    reasons: list[str]
+
+
+@dataclass
+class Plan:
+    model: str
+    gpu: str
+    arch: str
+    compute_units: int
+    tensor_parallel_size: int
+    kv_cache_dtype: str
+    block_size: int
+    dtype: str
+    cut_query_heads: int
+    cut_source: str
+    num_layers: int
+    num_heads_per_rank: int
+    num_kv_heads_per_rank: int
+    head_size: int
+    max_model_len: int
+    kernel_table: str
+    eligible: bool
+    eligible_layers: int
+    reasons: list[str]
+    layer_groups: list[LayerGroup]
+    batches: list[dict[str, Any]]
+    scale_table_fraction: float
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+#: Names Hugging Face configs give the attention head count. Without one, transformers
+#: would fill in its class defaults and the plan would describe a model that isn't there.
+HEAD_COUNT_KEYS = ("num_attention_heads", "n_head", "num_heads", "n_heads")
+
+
+def resolve_model_dir(model: str) -> tuple[Path, str]:
+    """A preset name or a directory with a ``config.json`` that names its head count."""
+    if model in presets():
+        return PRESETS_DIR / model, f"preset {model}"
+    path = Path(model).expanduser()
+    if path.is_dir():
+        config = path / "config.json"
+        try:
+            raw = json.loads(config.read_text())
+        except (OSError, ValueError) as exc:
+            raise PlanError(f"cannot read {config}: {_first_line(exc)}") from exc
+        sections = [raw, *(v for v in raw.values() if isinstance(v, dict))]
+        if not any(key in section for section in sections for key in HEAD_COUNT_KEYS):
+            raise PlanError(f"{config} has no attention fields (num_attention_heads)")
+        return path, str(path)
+    if os.sep in model or model.startswith("."):
+        raise PlanError(f"model directory {model} does not exist")
+    raise PlanError(f"unknown model preset {model!r}; presets: {', '.join(presets())}")
+
+
+def resolve_gpu(name: str | None) -> Gpu:
+    """``--gpu``, else the live GPU on ROCm, else MI355X."""
+    if name is not None:
+        gpu = GPUS.get(name.lower())
+        if gpu is None:
+            raise PlanError(f"unknown GPU {name!r}; choose one of {', '.join(GPUS)}")
+        return gpu
+    from vllm.platforms import current_platform
+
+    if current_platform.is_rocm():
+        from .kernel import current_arch
+
+        arch = current_arch()
+        return Gpu(f"live {arch}", arch, current_platform.num_compute_units())
+    return GPUS[DEFAULT_GPU]
+
+
+def kernel_table_for(arch: str) -> KernelTable:
+    """AITER's table where AITER is installed, else the built-in knowledge."""
+    from importlib.util import find_spec
+
+    if find_spec("aiter") is not None:
+        from .kernel import load_asm_kernel
+
+        kernel, _ = load_asm_kernel(arch)
+        if kernel is not None:
+            return kernel.table
+    return fallback_table(arch)
+
+
+def _model_config(model_dir: Path, dtype: str, max_model_len: int | None):
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from vllm.config import ModelConfig
+
+    try:
+        return ModelConfig(
+            model=str(model_dir),
+            skip_tokenizer_init=True,
+            dtype=dtype,
+            max_model_len=max_model_len,
+        )
+    except Exception as exc:  # vLLM's own validation errors, unreadable configs
+        raise PlanError(f"vLLM cannot read {model_dir}/config.json: {_first_line(exc)}") from exc
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def _per_rank_heads(model_config, tp: int) -> tuple[int, int]:
+    from vllm.config import ParallelConfig
+
+    total = model_config.model_arch_config.total_num_attention_heads
+    if tp < 1 or total % tp:
+        raise PlanError(f"--tensor-parallel-size {tp} does not divide the {total} attention heads")
+    parallel = ParallelConfig(tensor_parallel_size=tp)
+    return (
+        model_config.get_num_attention_heads(parallel),
+        model_config.get_num_kv_heads(parallel),
+    )
+
+
+def layer_facts(model_config, *, tp: int, kv_cache_dtype: str, block_size: int) -> list[LayerFacts]:
+    """One :class:`LayerFacts` per attention layer, from vLLM's reading of the config."""
+    hf = model_config.hf_text_config
+    try:
+        head_size = model_config.get_head_size()
+        num_heads, num_kv_heads = _per_rank_heads(model_config, tp)
+        num_layers = model_config.get_total_num_hidden_layers()
+    except PlanError:
+        raise
+    except Exception as exc:
+        raise PlanError(f"config.json lacks attention fields: {_first_line(exc)}") from exc
+    window = model_config.get_sliding_window()
+    layer_types = getattr(hf, "layer_types", None) or []
+    # The softmax scale models give their attention layers.
+    if getattr(hf, "query_pre_attn_scalar", None):
+        scale = float(hf.query_pre_attn_scalar) ** -0.5
+    elif getattr(hf, "attention_multiplier", None):
+        scale = float(hf.attention_multiplier)
+    else:
+        scale = head_size**-0.5
+    soft_cap = float(getattr(hf, "attn_logit_softcapping", None) or 0.0)
+    alibi = bool(getattr(hf, "alibi", False)) or hf.model_type in ("bloom", "mpt")
+    sinks = hf.model_type == "gpt_oss"
+    facts = []
+    for i in range(num_layers):
+        if window is None:
+            sliding = False
+        elif layer_types:
+            sliding = i < len(layer_types) and layer_types[i] == "sliding_attention"
+        else:
+            sliding = True
+        facts.append(
+            LayerFacts(
+                kv_cache_dtype=kv_cache_dtype,
+                block_size=block_size,
+                head_size=head_size,
+                num_heads=num_heads,
+                num_kv_heads=num_kv_heads,
+                query_dtype=model_config.dtype,
+                scale=scale,
+                sliding_window=sliding,
+                alibi=alibi,
+                logits_soft_cap=soft_cap,
+                sinks=sinks,
+                decoder_self_attention=not model_config.is_encoder_decoder,
+                # ROCM_ATTN's preferred layout (LHBNC) keeps K and V pages dense.
+                native_kv_layout=True,
+                max_model_len=model_config.max_model_len,
+            )
+        )
+    return facts
+
+
+def scale_table_fraction(facts: list[LayerFacts], eligible: list[bool]) -> float:
+    """Bytes vLLM's shared ``AsmKvScaleTables`` allocate for the eligible layers (K and V,
+    scales 1.0 as no checkpoint is read) over the KV cache's bytes; block count cancels."""
+    from vllm.v1.attention.backends.rocm_aiter_fa import AsmKvScaleTables
+
+    store = AsmKvScaleTables()
+    for f, ok in zip(facts, eligible, strict=True):
+        if ok:
+            for scale in (1.0, 1.0):  # K, V
+                store.get("meta", 1, f.num_kv_heads, f.block_size, scale)
+    table_bytes = sum(t.numel() * t.element_size() for t in store.tables.values())
+    elem = 1 if f"{facts[0].kv_cache_dtype}".startswith("fp8") else 2
+    kv_bytes = sum(2 * f.num_kv_heads * f.head_size * f.block_size * elem for f in facts)
+    return table_bytes / kv_bytes if kv_bytes else 0.0
+
+
+def make_plan(
+    model: str = DEFAULT_PRESET,
+    gpu: str | None = None,
+    tensor_parallel_size: int = 1,
+    kv_cache_dtype: str = "fp8",
+    block_size: int = 16,
+    dtype: str = "bfloat16",
+    max_model_len: int | None = None,
+) -> Plan:
+    model_dir, label = resolve_model_dir(model)
+    the_gpu = resolve_gpu(gpu)
+    model_config = _model_config(model_dir, dtype, max_model_len)
+    facts = layer_facts(
+        model_config, tp=tensor_parallel_size, kv_cache_dtype=kv_cache_dtype, block_size=block_size
+    )
+    table = kernel_table_for(the_gpu.arch)
+    per_layer = [rejection_reasons(f, table) for f in facts]
+    eligible = [not r for r in per_layer]
+    groups: dict[tuple[str, ...], list[int]] = {}
+    for i, reasons in enumerate(per_layer):
+        groups.setdefault(tuple(reasons), []).append(i)
+    cut = resolve_cut(the_gpu.compute_units)
+    from . import settings
+
+    cut_source = (
+        f"{settings.CUT_ENV}"
+        if settings.cut_override() is not None
+        else f"2 x {the_gpu.compute_units} CUs"
+    )
+    heads = facts[0].num_heads
+    any_eligible = any(eligible)
+    batches = [
+        {
+            "num_seqs": n,
+            "query_heads": n * heads,
+            "kernel": "asm"
+            if any_eligible
+            and step_uses_asm(max_query_len=1, num_tokens=n, num_reqs=n, num_heads=heads, cut=cut)
+            else "hip",
+        }
+        for n in default_capture_sizes()
+    ]
+    notes = []
+    if any_eligible and model_config.max_model_len > 32768:
+        notes.append(
+            f"max_model_len {model_config.max_model_len}: contexts above 32768 tokens are "
+            "not validated on hardware"
+        )
+    if cut != default_cut(the_gpu.compute_units):
+        notes.append(f"cut set by {settings.CUT_ENV}")
+    return Plan(
+        model=label,
+        gpu=the_gpu.name,
+        arch=the_gpu.arch,
+        compute_units=the_gpu.compute_units,
+        tensor_parallel_size=tensor_parallel_size,
+        kv_cache_dtype=kv_cache_dtype,
+        block_size=block_size,
+        dtype=str(model_config.dtype).removeprefix("torch."),
+        cut_query_heads=cut,
+        cut_source=cut_source,
+        num_layers=len(facts),
+        num_heads_per_rank=heads,
+        num_kv_heads_per_rank=facts[0].num_kv_heads,
+        head_size=facts[0].head_size,
+        max_model_len=model_config.max_model_len,
+        kernel_table=table.source,
+        eligible=any_eligible,
+        eligible_layers=sum(eligible),
+        reasons=sorted({r for reasons in per_layer for r in reasons}),
+        layer_groups=[
+            LayerGroup(layers=idx, eligible=not reasons, reasons=list(reasons))
+            for reasons, idx in groups.items()
+        ],
+        batches=batches,
+        scale_table_fraction=scale_table_fraction(facts, eligible),
+        notes=notes,
+    )
+
+
+def _ranges(idx: list[int]) -> str:
+    out, start = [], idx[0]
+    for a, b in zip(idx, [*idx[1:], None], strict=True):
+        if b != a + 1:
+            out.append(f"{start}" if start == a else f"{start}-{a}")
+            start = b
+    return ", ".join(out)
+
+
+def render(plan: Plan) -> str:
+    """The human-readable plan."""
+    gqa = plan.num_heads_per_rank // max(1, plan.num_kv_heads_per_rank)
+    lines = [
+        f"model      {plan.model}",
+        f"gpu        {plan.gpu} ({plan.arch}, {plan.compute_units} CUs), "
+        f"TP {plan.tensor_parallel_size}",
+        f"attention  {plan.num_layers} layers; per rank {plan.num_heads_per_rank} query / "
+        f"{plan.num_kv_heads_per_rank} KV heads (GQA {gqa}), head size {plan.head_size}; "
+        f"{plan.dtype}, {plan.kv_cache_dtype} KV cache, block {plan.block_size}, "
+        f"max_model_len {plan.max_model_len}",
+        f"kernels    {plan.kernel_table}",
+        f"cut        pure-decode steps above {plan.cut_query_heads} query heads "
+        f"({plan.cut_source}) run asm",
+        "",
+    ]
+    if plan.eligible:
+        lines.append(
+            f"asm decode: {plan.eligible_layers} of {plan.num_layers} layers eligible; scale "
+            f"tables {plan.scale_table_fraction * 100:.3f} % of the KV cache"
+        )
+    else:
+        lines.append("asm decode: no layer is eligible; every step keeps the HIP decode")
+    if len(plan.layer_groups) > 1 or not plan.eligible:
+        for g in plan.layer_groups:
+            what = "asm" if g.eligible else "HIP: " + "; ".join(g.reasons)
+            lines.append(f"  layers {_ranges(g.layers)}: {what}")
+    lines += [f"note: {n}" for n in plan.notes]
+    lines += ["", "decode kernel at vLLM's CUDA-graph batch sizes:", "  seqs  query heads  kernel"]
+    lines += [f"  {b['num_seqs']:>4}  {b['query_heads']:>11}  {b['kernel']}" for b in plan.batches]
+    return "\n".join(lines)

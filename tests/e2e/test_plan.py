@@ -1,0 +1,191 @@
+"""``plan``: answers from the backend's own rule, read through vLLM's ModelConfig."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import harness
+from conftest import ARCH
+from vllm_rocm_asm_decode.cli import main
+from vllm_rocm_asm_decode.plan import make_plan
+
+SESSION_GPU = {"gfx950": "mi355x", "gfx942": "mi300x"}[ARCH]
+
+
+def asm_sizes(plan):
+    return [b["num_seqs"] for b in plan.batches if b["kernel"] == "asm"]
+
+
+@pytest.mark.parametrize(("gpu", "cut"), [("mi355x", 512), ("mi300x", 608), ("mi325x", 608)])
+def test_cut_follows_the_gpu(gpu, cut):
+    assert make_plan(gpu=gpu).cut_query_heads == cut
+
+
+def test_qwen3_14b_tp1_runs_asm_from_16_sequences():
+    plan = make_plan(model="qwen3-14b-fp8", gpu="mi355x")
+    assert plan.eligible and plan.eligible_layers == plan.num_layers == 40
+    assert (plan.num_heads_per_rank, plan.num_kv_heads_per_rank) == (40, 8)
+    assert min(asm_sizes(plan)) == 16  # 16 x 40 = 640 > 512; 8 x 40 = 320 is not
+    assert plan.reasons == []
+
+
+def test_llama_runs_asm_from_24_sequences_because_512_is_not_above_512():
+    plan = make_plan(model="llama-3.1-8b-instruct", gpu="mi355x")
+    assert min(asm_sizes(plan)) == 24
+    assert {b["num_seqs"]: b["kernel"] for b in plan.batches}[16] == "hip"
+    assert plan.max_model_len == 131072 and plan.eligible
+    assert any("not validated" in n for n in plan.notes)
+
+
+def test_tp2_halves_the_heads_and_moves_the_crossover():
+    tp1 = make_plan(model="qwen3-8b", gpu="mi355x")
+    tp2 = make_plan(model="qwen3-8b", gpu="mi355x", tensor_parallel_size=2)
+    assert (tp2.num_heads_per_rank, tp2.num_kv_heads_per_rank) == (16, 4)
+    assert tp1.num_heads_per_rank == 2 * tp2.num_heads_per_rank
+    assert min(asm_sizes(tp1)) == 24 and min(asm_sizes(tp2)) == 40  # 32 x 16 = 512
+
+
+def test_batches_cover_vllms_capture_sizes_up_to_512():
+    sizes = [b["num_seqs"] for b in make_plan().batches]
+    assert sizes[:4] == [1, 2, 4, 8] and sizes[-1] == 512 and 256 in sizes and 264 not in sizes
+
+
+def test_scale_tables_are_a_small_share_of_the_kv_cache():
+    plan = make_plan()
+    # One 4-byte scale per (block, KV head, slot) shared by K and V at scale 1.0, against
+    # 40 layers x 2 x 128 one-byte values: 4 / 10240.
+    assert plan.scale_table_fraction == pytest.approx(4 / (40 * 2 * 128))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "reason"),
+    [
+        (dict(kv_cache_dtype="fp8_e5m2"), "fp8_e5m2 KV cache"),
+        (dict(kv_cache_dtype="auto"), "auto KV cache"),
+        (dict(block_size=32), "block size 32"),
+        (dict(dtype="float32"), "torch.float32 query"),
+    ],
+    ids=["e5m2", "bf16-cache", "block32", "fp32"],
+)
+def test_ineligible_configs_print_their_reasons(kwargs, reason, capsys):
+    plan = make_plan(gpu="mi355x", **kwargs)
+    assert not plan.eligible and any(reason in r for r in plan.reasons)
+    assert all(b["kernel"] == "hip" for b in plan.batches)
+    args = ["plan", "--gpu", "mi355x"]
+    for k, v in kwargs.items():
+        args += [f"--{k.replace('_', '-')}", str(v)]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "no layer is eligible" in out and reason in out
+
+
+def write_config(tmp_path, **overrides):
+    harness.write_model_dir(tmp_path, num_heads=32, num_kv_heads=8, num_layers=6, extra=overrides)
+    return str(tmp_path)
+
+
+def test_mixed_sliding_window_model_reports_layer_groups(tmp_path, capsys):
+    model = write_config(
+        tmp_path,
+        architectures=["Qwen3ForCausalLM"],
+        model_type="qwen3",
+        sliding_window=4096,
+        use_sliding_window=True,
+        max_window_layers=6,
+        layer_types=["sliding_attention", "full_attention"] * 3,
+    )
+    plan = make_plan(model=model, gpu="mi355x")
+    groups = {tuple(g.layers): (g.eligible, g.reasons) for g in plan.layer_groups}
+    assert groups[(1, 3, 5)] == (True, [])
+    assert groups[(0, 2, 4)][0] is False and "sliding window" in groups[(0, 2, 4)][1][0]
+    assert plan.eligible and plan.eligible_layers == 3
+    assert main(["plan", "--model", model, "--gpu", "mi355x"]) == 0
+    out = capsys.readouterr().out
+    assert "layers 0, 2, 4: HIP: sliding window" in out and "layers 1, 3, 5: asm" in out
+
+
+def test_qwen3_with_sliding_window_turned_off_is_eligible(tmp_path):
+    model = write_config(
+        tmp_path,
+        architectures=["Qwen3ForCausalLM"],
+        model_type="qwen3",
+        sliding_window=4096,
+        use_sliding_window=False,
+    )
+    assert make_plan(model=model, gpu="mi355x").eligible_layers == 6
+
+
+def test_gemma_style_query_scaling_is_refused(tmp_path):
+    model = write_config(tmp_path, query_pre_attn_scalar=256)
+    plan = make_plan(model=model, gpu="mi355x")
+    assert not plan.eligible and plan.reasons == ["softmax scale 0.0625 != 1/sqrt(128)"]
+
+
+@pytest.mark.parametrize(
+    ("model", "heads", "kvh"), [("qwen3-14b-fp8", 40, 8), ("llama-3.1-8b-instruct", 32, 8)]
+)
+def test_plan_equals_the_backends_own_decision(tmp_path, model, heads, kvh):
+    """One test drives both: the plan, and the real builder on a model of the same shape."""
+    plan = make_plan(model=model, gpu=SESSION_GPU)
+    backend = harness.build_model(
+        tmp_path, num_layers=1, num_heads=heads, num_kv_heads=kvh, num_blocks=600
+    )
+    kernels = {b["num_seqs"]: b["kernel"] for b in plan.batches}
+    for n in [1, 8, 16, 24, 32, 64, 128]:
+        metadata = backend.builder.build(0, harness.make_batch(backend, [5] * n).common)
+        assert ("asm" if metadata.use_asm_decode else "hip") == kernels[n], n
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--model", "/no/such/dir"], "does not exist"),
+        (["--model", "/tmp"], "cannot read /tmp/config.json"),
+        (["--model", "no-such-preset"], "unknown model preset"),
+        (["--gpu", "h100"], "unknown GPU 'h100'"),
+        (["--tensor-parallel-size", "3"], "does not divide the 40 attention heads"),
+    ],
+    ids=["missing-dir", "dir-without-config", "unknown-preset", "unknown-gpu", "tp-not-dividing"],
+)
+def test_bad_input_is_one_line_and_exit_2(args, message, capsys):
+    assert main(["plan", *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0]
+
+
+def test_config_without_attention_fields(tmp_path, capsys):
+    (tmp_path / "config.json").write_text(
+        json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama"})
+    )
+    assert main(["plan", "--model", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "has no attention fields" in err[0] and str(tmp_path) in err[0]
+
+
+def test_console_script_on_a_machine_without_rocm():
+    """Installed command, plain environment (no stand-ins): default preset on MI355X."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "ASM_DECODE"))}
+    env["HIP_VISIBLE_DEVICES"] = ""
+    exe = os.path.join(os.path.dirname(sys.executable), "vllm-rocm-asm-decode")
+    proc = subprocess.run(
+        [exe, "plan", "--json"], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    plan = json.loads(proc.stdout)
+    assert plan["gpu"] == "MI355X" and plan["cut_query_heads"] == 512 and plan["eligible"]
+    assert {
+        "gpu",
+        "compute_units",
+        "cut_query_heads",
+        "num_heads_per_rank",
+        "num_kv_heads_per_rank",
+        "eligible",
+        "reasons",
+        "batches",
+        "scale_table_fraction",
+    } <= set(plan)
