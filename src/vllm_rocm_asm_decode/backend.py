@@ -165,16 +165,15 @@ class RocmAsmDecodeImpl(RocmAttentionImpl):
         layer: torch.nn.Module,
         query: torch.Tensor,
         kv_cache: torch.Tensor,
-        attn_metadata: RocmAttentionMetadata | None,
         output: torch.Tensor,
         output_quant_requested: bool,
     ) -> AsmLayerBinding | None:
-        """The binding to run this call on ``pa_fwd_asm`` with, or None for stock."""
+        """For a step that chose asm on an eligible layer: the binding to run this call
+        with, or None when the call must take the stock path."""
         binding = self.asm_binding
-        if binding is None or attn_metadata is None:
-            return None
+        assert binding is not None
         if not call_uses_asm(
-            step_asm=getattr(attn_metadata, "use_asm_decode", False),
+            step_asm=True,
             layer_eligible=True,
             output_quant_requested=output_quant_requested,
             # The kernel gets Q's row stride only (heads and dims dense) and writes out_
@@ -205,41 +204,43 @@ class RocmAsmDecodeImpl(RocmAttentionImpl):
         output_scale: torch.Tensor | None = None,
         output_block_scale: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        binding = self._binding_for_call(
+        # The step's choice and the layer's eligibility first: one attribute read each,
+        # so steps that stay on stock pay next to nothing for the plugin.
+        if self.asm_binding is not None and getattr(attn_metadata, "use_asm_decode", False):
+            binding = self._binding_for_call(
+                layer,
+                query,
+                kv_cache,
+                output,
+                output_scale is not None or output_block_scale is not None,
+            )
+            if binding is not None:
+                num_tokens = attn_metadata.num_actual_tokens
+                block_table = attn_metadata.block_table
+                binding.kernel.run(
+                    Q=query[:num_tokens],
+                    K=binding.key_cache,
+                    V=binding.value_cache,
+                    block_tables=block_table,
+                    context_lens=attn_metadata.seq_lens,
+                    block_tables_stride0=block_table.stride(0),
+                    K_QScale=binding.k_scale_table,
+                    V_QScale=binding.v_scale_table,
+                    out_=output[:num_tokens],
+                    high_precision=ULTRA_PRECISION,
+                )
+                return output
+        return super().forward(
             layer,
             query,
+            key,
+            value,
             kv_cache,
             attn_metadata,
             output,
-            output_scale is not None or output_block_scale is not None,
+            output_scale,
+            output_block_scale,
         )
-        if binding is None:
-            return super().forward(
-                layer,
-                query,
-                key,
-                value,
-                kv_cache,
-                attn_metadata,
-                output,
-                output_scale,
-                output_block_scale,
-            )
-        num_tokens = attn_metadata.num_actual_tokens
-        block_table = attn_metadata.block_table
-        binding.kernel.run(
-            Q=query[:num_tokens],
-            K=binding.key_cache,
-            V=binding.value_cache,
-            block_tables=block_table,
-            context_lens=attn_metadata.seq_lens,
-            block_tables_stride0=block_table.stride(0),
-            K_QScale=binding.k_scale_table,
-            V_QScale=binding.v_scale_table,
-            out_=output[:num_tokens],
-            high_precision=ULTRA_PRECISION,
-        )
-        return output
 
 
 class RocmAsmDecodeMetadataBuilder(RocmAttentionMetadataBuilder):

@@ -1,0 +1,219 @@
+#!/usr/bin/env python
+"""Host (Python) cost of the decode path: stock ``ROCM_ATTN`` against this plugin, one run.
+
+Runs on any machine: vLLM takes its real ROCm code path on the CPU (the stand-ins of
+``tests/``), and only the device launches are replaced by no-op functions of the same
+signature (the HIP ``paged_attention_rocm`` op and ``aiter.pa_fwd_asm``; the Triton
+decode kernel is not reached by these batches). Every line of Python above them runs:
+stock ``RocmAttentionImpl.forward`` with its per-call eligibility checks and scratch
+allocations, and the plugin's ``forward``; plus the metadata builders' ``build()``.
+
+Timing is interleaved (stock, plugin, stock, ...) and reported as medians of per-call
+microseconds. Also counted per call, with a TorchDispatchMode: tensor allocations and
+ops that read a device value on the host (a GPU sync on real hardware).
+
+Targets: on the asm path the plugin's forward costs at most half of stock decode's;
+below the cut (stock path) at most 1.05x stock.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import statistics
+import sys
+import tempfile
+import time
+from functools import partial
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))
+
+import rocm_emulation  # noqa: E402
+
+ARCH = rocm_emulation.activate()
+
+import torch  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+
+PRESETS = {"qwen3-14b": (40, 8), "llama-3.1-8b": (32, 8)}
+BATCHES = (64, 8)  # the seed's concurrency 64 (above the cut) and a batch below it
+HOST_READS = {
+    "_local_scalar_dense",
+    "item",
+    "nonzero",
+    "is_nonzero",
+    "equal",
+    "_to_copy",
+    "copy_",
+    "tolist",
+}
+
+
+def noop_paged_attention_rocm(*args, **kwargs) -> None:
+    return None
+
+
+def noop_pa_fwd_asm(*args, **kwargs):
+    """Returns ``out_`` at once; carries ``pa_fwd_asm``'s signature (set in main)."""
+    return kwargs.get("out_")
+
+
+class Counter(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.allocs = 0
+        self.host_reads = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        leaves = torch.utils._pytree.tree_leaves
+        inputs = {
+            t.untyped_storage().data_ptr()
+            for t in leaves((args, kwargs))
+            if isinstance(t, torch.Tensor)
+        }
+        self.allocs += any(
+            t.untyped_storage().data_ptr() not in inputs
+            for t in leaves(out)
+            if isinstance(t, torch.Tensor)
+        )
+        self.host_reads += func.overloadpacket.__name__ in HOST_READS
+        return out
+
+
+def per_call_us(fn, calls: int) -> float:
+    start = time.perf_counter_ns()
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter_ns() - start) / calls / 1e3
+
+
+def measure(stock, plugin, repeats: int, calls: int) -> tuple[float, float]:
+    """Medians of per-call µs, stock and plugin timed in alternation."""
+    for _ in range(20):  # warm-up
+        stock()
+        plugin()
+    s, p = [], []
+    for _ in range(repeats):
+        s.append(per_call_us(stock, calls))
+        p.append(per_call_us(plugin, calls))
+    return statistics.median(s), statistics.median(p)
+
+
+def counts(fn) -> tuple[int, int]:
+    with Counter() as c:
+        fn()
+    return c.allocs, c.host_reads
+
+
+def install_noop_kernels() -> None:
+    import aiter
+    from vllm import _custom_ops
+
+    from vllm_rocm_asm_decode.contract_model import PagedAttentionAsmModel
+
+    signature = inspect.signature(PagedAttentionAsmModel.__call__)
+    noop_pa_fwd_asm.__signature__ = signature.replace(  # type: ignore[attr-defined]
+        parameters=list(signature.parameters.values())[1:]
+    )
+    aiter.pa_fwd_asm = noop_pa_fwd_asm
+    _custom_ops.paged_attention_rocm = noop_paged_attention_rocm
+
+
+def run(repeats: int, calls: int) -> list[tuple]:
+    from vllm.v1.attention.backends.rocm_attn import (
+        RocmAttentionImpl,
+        RocmAttentionMetadataBuilder,
+    )
+
+    import harness
+
+    rows = []
+    for preset, (heads, kvh) in PRESETS.items():
+        model = harness.build_model(
+            Path(tempfile.mkdtemp()),
+            num_layers=1,
+            num_heads=heads,
+            num_kv_heads=kvh,
+            num_blocks=2048,
+        )
+        name = model.names[0]
+        layer = model.layers[name]
+        stock_impl = RocmAttentionImpl(heads, 128, 128**-0.5, kvh, None, None, "fp8")
+        stock_builder = RocmAttentionMetadataBuilder(
+            model.spec, [name], model.vllm_config, torch.device("cpu")
+        )
+        for num_seqs in BATCHES:
+            batch = harness.make_batch(model, [256] * num_seqs)
+            md_plugin = model.builder.build(0, batch.common)
+            md_stock = stock_builder.build(0, batch.common)
+            out = torch.empty_like(batch.query)
+            call = (layer, batch.query, batch.key, batch.value, layer.kv_cache)
+            kernel = "asm" if md_plugin.use_asm_decode else "hip"
+            cases = [
+                (
+                    "forward",
+                    kernel,
+                    partial(stock_impl.forward, *call, md_stock, out),
+                    partial(layer.impl.forward, *call, md_plugin, out),
+                ),
+                (
+                    "build()",
+                    "-",
+                    partial(stock_builder.build, 0, batch.common),
+                    partial(model.builder.build, 0, batch.common),
+                ),
+            ]
+            for what, kern, fs, fp in cases:
+                s, p = measure(fs, fp, repeats, calls)
+                rows.append(
+                    (preset, f"{heads}/{kvh}", num_seqs, what, kern, s, p, counts(fs), counts(fp))
+                )
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repeats", type=int, default=15, help="interleaved rounds (median)")
+    parser.add_argument("--calls", type=int, default=300, help="calls per timed round")
+    parser.add_argument("--check", action="store_true", help="exit 1 if a target is missed")
+    args = parser.parse_args()
+
+    rocm_emulation.patch_compute_units(ARCH)
+    install_noop_kernels()
+    from vllm_rocm_asm_decode.plugin import register
+
+    register()
+    rows = run(args.repeats, args.calls)
+    cut = 2 * rocm_emulation.COMPUTE_UNITS[ARCH]
+    print(
+        f"host overhead per call, CPU, stand-in {ARCH} (cut {cut} query heads), "
+        f"no-op device kernels; medians of {args.repeats} interleaved rounds x "
+        f"{args.calls} calls\n"
+    )
+    print(
+        "| model | heads | seqs | what | plugin kernel | stock µs | plugin µs | ratio "
+        "| allocs stock/plugin | host reads stock/plugin |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    missed = []
+    for preset, hk, n, what, kernel, s, p, cs, cp in rows:
+        ratio = p / s
+        print(
+            f"| {preset} | {hk} | {n} | {what} | {kernel} | {s:.1f} | {p:.1f} | {ratio:.2f} "
+            f"| {cs[0]}/{cp[0]} | {cs[1]}/{cp[1]} |"
+        )
+        limit = {"asm": 0.5, "hip": 1.05}.get(kernel) if what == "forward" else None
+        if limit is not None and ratio > limit:
+            missed.append(f"{preset} {n} seqs {kernel}: {ratio:.2f} > {limit}")
+    print(
+        "\ntargets: asm-path forward <= 0.50x stock, below-cut forward <= 1.05x stock: "
+        + ("met" if not missed else "MISSED: " + "; ".join(missed))
+    )
+    return 1 if missed and args.check else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
