@@ -35,20 +35,11 @@ import rocm_emulation  # noqa: E402
 ARCH = rocm_emulation.activate()
 
 import torch  # noqa: E402
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+
+from op_audit import OpRecorder  # noqa: E402
 
 PRESETS = {"qwen3-14b": (40, 8), "llama-3.1-8b": (32, 8)}
 BATCHES = (64, 8)  # the seed's concurrency 64 (above the cut) and a batch below it
-HOST_READS = {
-    "_local_scalar_dense",
-    "item",
-    "nonzero",
-    "is_nonzero",
-    "equal",
-    "_to_copy",
-    "copy_",
-    "tolist",
-}
 
 
 def noop_paged_attention_rocm(*args, **kwargs) -> None:
@@ -58,29 +49,6 @@ def noop_paged_attention_rocm(*args, **kwargs) -> None:
 def noop_pa_fwd_asm(*args, **kwargs):
     """Returns ``out_`` at once; carries ``pa_fwd_asm``'s signature (set in main)."""
     return kwargs.get("out_")
-
-
-class Counter(TorchDispatchMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.allocs = 0
-        self.host_reads = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        leaves = torch.utils._pytree.tree_leaves
-        inputs = {
-            t.untyped_storage().data_ptr()
-            for t in leaves((args, kwargs))
-            if isinstance(t, torch.Tensor)
-        }
-        self.allocs += any(
-            t.untyped_storage().data_ptr() not in inputs
-            for t in leaves(out)
-            if isinstance(t, torch.Tensor)
-        )
-        self.host_reads += func.overloadpacket.__name__ in HOST_READS
-        return out
 
 
 def per_call_us(fn, calls: int) -> float:
@@ -103,9 +71,10 @@ def measure(stock, plugin, repeats: int, calls: int) -> tuple[float, float]:
 
 
 def counts(fn) -> tuple[int, int]:
-    with Counter() as c:
+    """Tensor allocations and host reads of device values in one call."""
+    with OpRecorder() as recorder:
         fn()
-    return c.allocs, c.host_reads
+    return len(recorder.allocations), len(recorder.host_reads)
 
 
 def install_noop_kernels() -> None:

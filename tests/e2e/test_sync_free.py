@@ -3,44 +3,9 @@
 from __future__ import annotations
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import harness
-
-#: Ops that read a device value on the host (a GPU sync) or move data to the host.
-HOST_READS = {
-    "_local_scalar_dense",
-    "item",
-    "nonzero",
-    "is_nonzero",
-    "equal",
-    "_to_copy",
-    "copy_",
-    "to",
-    "tolist",
-    "_pin_memory",
-}
-
-
-class OpRecorder(TorchDispatchMode):
-    """Every aten op, and whether its outputs are new storage (an allocation)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops: list[tuple[str, bool]] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        out = func(*args, **kwargs)
-        inputs = {
-            t.untyped_storage().data_ptr()
-            for t in torch.utils._pytree.tree_leaves((args, kwargs))
-            if isinstance(t, torch.Tensor)
-        }
-        outputs = [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
-        allocates = any(t.untyped_storage().data_ptr() not in inputs for t in outputs)
-        self.ops.append((func.overloadpacket.__name__, allocates))
-        return out
+from op_audit import OpRecorder
 
 
 def test_forward_on_the_asm_path_is_sync_free_and_allocation_free(tmp_path, monkeypatch):
@@ -61,8 +26,8 @@ def test_forward_on_the_asm_path_is_sync_free_and_allocation_free(tmp_path, monk
             )
     assert len(harness.asm_calls()) == 2  # the asm path really ran
     for recorder in (build_ops, forward_ops):
-        assert not [op for op, _ in recorder.ops if op in HOST_READS], recorder.ops
-    assert not [op for op, alloc in forward_ops.ops if alloc], forward_ops.ops
+        assert recorder.host_reads == [], recorder.ops
+    assert forward_ops.allocations == [], forward_ops.ops
 
 
 def test_the_recorder_sees_what_stock_decode_does(tmp_path, kernels):
@@ -77,5 +42,5 @@ def test_the_recorder_sees_what_stock_decode_does(tmp_path, kernels):
         layer.impl.forward(
             layer, batch.query, batch.key, batch.value, layer.kv_cache, metadata, out
         )
-    assert sum(alloc for _, alloc in ops.ops) >= 3
-    assert any(op in HOST_READS for op, _ in ops.ops)  # the torch reference reads lengths
+    assert len(ops.allocations) >= 3
+    assert ops.host_reads  # the torch reference reads lengths
