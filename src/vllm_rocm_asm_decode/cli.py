@@ -48,19 +48,57 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="|".join(GPUS),
         help=f"the GPU (default: the live GPU on ROCm, else {DEFAULT_GPU})",
     )
-    plan.add_argument("--tensor-parallel-size", "-tp", type=int, default=1, metavar="N")
-    plan.add_argument("--kv-cache-dtype", default="fp8", metavar="fp8|fp8_e4m3|fp8_e5m2|auto")
-    plan.add_argument("--block-size", type=int, default=16, metavar="N")
-    plan.add_argument("--dtype", default="bfloat16", metavar="bfloat16|float16")
-    plan.add_argument("--max-model-len", type=int, default=None, metavar="N")
+    plan.add_argument(
+        "--tensor-parallel-size",
+        "-tp",
+        type=int,
+        default=1,
+        metavar="N",
+        help="tensor-parallel ranks; heads are divided as vLLM divides them (default 1)",
+    )
+    plan.add_argument(
+        "--kv-cache-dtype",
+        default="fp8",
+        metavar="|".join(KV_CACHE_DTYPES),
+        help="vLLM's --kv-cache-dtype (default fp8)",
+    )
+    plan.add_argument(
+        "--block-size", type=int, default=16, metavar="N", help="KV cache block size (default 16)"
+    )
+    plan.add_argument(
+        "--dtype",
+        default="bfloat16",
+        metavar="|".join(DTYPES),
+        help="model (query) dtype (default bfloat16)",
+    )
+    plan.add_argument(
+        "--max-model-len",
+        type=int,
+        default=None,
+        metavar="N",
+        help="vLLM's --max-model-len (default: the model's context length)",
+    )
     plan.add_argument("--json", action="store_true", help="print one JSON object")
     return parser
+
+
+KV_CACHE_DTYPES = ("fp8", "fp8_e4m3", "fp8_e5m2", "auto", "bfloat16", "float16")
+DTYPES = ("bfloat16", "float16", "float32", "auto")
 
 
 def _plan(args: argparse.Namespace) -> int:
     from .plan import PlanError, make_plan, render
 
     try:
+        if args.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise PlanError(
+                f"--kv-cache-dtype {args.kv_cache_dtype!r} is not one of "
+                + ", ".join(KV_CACHE_DTYPES)
+            )
+        if args.dtype not in DTYPES:
+            raise PlanError(f"--dtype {args.dtype!r} is not one of " + ", ".join(DTYPES))
+        if args.block_size < 1 or (args.max_model_len is not None and args.max_model_len < 1):
+            raise PlanError("--block-size and --max-model-len must be positive")
         plan = make_plan(
             model=args.model,
             gpu=args.gpu,

@@ -149,8 +149,20 @@ def test_plan_equals_the_backends_own_decision(tmp_path, model, heads, kvh):
         (["--model", "no-such-preset"], "unknown model preset"),
         (["--gpu", "h100"], "unknown GPU 'h100'"),
         (["--tensor-parallel-size", "3"], "does not divide the 40 attention heads"),
+        (["--kv-cache-dtype", "int4"], "--kv-cache-dtype 'int4' is not one of"),
+        (["--dtype", "fp64"], "--dtype 'fp64' is not one of"),
+        (["--block-size", "0"], "must be positive"),
     ],
-    ids=["missing-dir", "dir-without-config", "unknown-preset", "unknown-gpu", "tp-not-dividing"],
+    ids=[
+        "missing-dir",
+        "dir-without-config",
+        "unknown-preset",
+        "unknown-gpu",
+        "tp-not-dividing",
+        "kv-dtype",
+        "dtype",
+        "block-size",
+    ],
 )
 def test_bad_input_is_one_line_and_exit_2(args, message, capsys):
     assert main(["plan", *args]) == 2
