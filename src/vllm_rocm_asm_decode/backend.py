@@ -69,6 +69,9 @@ class RocmAsmDecodeImpl(RocmAttentionImpl):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        #: Always 2 (ultra precision) in serving; ``bench kernel --precision default``
+        #: sets 1 to time AITER's default-precision kernel on the same path.
+        self.asm_high_precision = ULTRA_PRECISION
         self.asm_binding: AsmLayerBinding | None = None
         #: Why this layer stays on HIP; None until the layer is decided.
         self.asm_rejections: list[str] | None = None
@@ -227,7 +230,7 @@ class RocmAsmDecodeImpl(RocmAttentionImpl):
                     K_QScale=binding.k_scale_table,
                     V_QScale=binding.v_scale_table,
                     out_=output[:num_tokens],
-                    high_precision=ULTRA_PRECISION,
+                    high_precision=self.asm_high_precision,
                 )
                 return output
         return super().forward(

@@ -1,6 +1,9 @@
 """``vllm-rocm-asm-decode``: the command line.
 
-``plan``  what the asm decode will do for a model on a GPU (runs anywhere).
+``plan``            what the asm decode will do for a model on a GPU (runs anywhere)
+``bench kernel``    impl.forward in a CUDA graph, HIP against asm (ROCm GPU with AITER)
+``bench serve``     A/B serving benchmark around ``vllm serve`` / ``vllm bench serve``
+``check accuracy``  decode error against an fp32 reference (contract model without a GPU)
 """
 
 from __future__ import annotations
@@ -79,7 +82,181 @@ def build_parser() -> argparse.ArgumentParser:
         help="vLLM's --max-model-len (default: the model's context length)",
     )
     plan.add_argument("--json", action="store_true", help="print one JSON object")
+
+    bench = sub.add_parser("bench", help="measure on an AMD GPU").add_subparsers(
+        dest="bench", required=True, parser_class=_Parser
+    )
+    _add_bench_kernel(bench)
+    _add_bench_serve(bench)
+    check = sub.add_parser("check", help="check numerics").add_subparsers(
+        dest="check", required=True, parser_class=_Parser
+    )
+    _add_check_accuracy(check)
     return parser
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a comma-separated list of integers"
+        ) from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give positive integers")
+    return values
+
+
+def _layouts(text: str) -> list[tuple[int, int]]:
+    try:
+        pairs = [tuple(int(x) for x in item.split("/")) for item in text.split(",")]
+    except ValueError:
+        pairs = []
+    if not pairs or any(len(p) != 2 or min(p) < 1 or p[0] % p[1] for p in pairs):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: give query/KV head pairs such as 40/8,32/8 (query a multiple of KV)"
+        )
+    return [(p[0], p[1]) for p in pairs]
+
+
+def _add_bench_serve(bench) -> None:
+    from .validation import serve_bench as sb
+
+    p = bench.add_parser(
+        "serve",
+        help="A/B serving benchmark: baseline vs asm decode, fresh server per arm",
+        description=(sb.__doc__ or "").strip(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--model", required=True, help="what vllm serve serves")
+    p.add_argument(
+        "--baseline",
+        default="plugin-off",
+        metavar="plugin-off|mha-off",
+        help="baseline arm: VLLM_ROCM_ASM_DECODE=0 (default, everything else "
+        "equal) or VLLM_ROCM_USE_AITER_MHA=0 (the original change's baseline)",
+    )
+    p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1, metavar="N")
+    p.add_argument(
+        "--concurrency",
+        type=_ints,
+        default=list(sb.DEFAULT_CONCURRENCIES),
+        metavar="C,C,...",
+        help="--max-concurrency values (default 1,8,16,64,128)",
+    )
+    p.add_argument(
+        "--num-prompts",
+        type=_ints,
+        default=list(sb.DEFAULT_NUM_PROMPTS),
+        metavar="N,N,...",
+        help="prompts per concurrency (default 8,32,64,256,256)",
+    )
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        metavar="N",
+        help="runs per arm, arms alternating (default 1)",
+    )
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--input-len", type=int, default=1024, help="random input length")
+    p.add_argument("--output-len", type=int, default=1024, help="random output length")
+    p.add_argument("--max-model-len", type=int, default=40960)
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.85)
+    p.add_argument(
+        "--result-dir",
+        default="asm-decode-serve-results",
+        help="where result files and server logs go",
+    )
+    p.add_argument("--vllm", default="vllm", help="the vllm executable (default: vllm on PATH)")
+    p.add_argument("--health-timeout", type=float, default=1800.0, metavar="SECONDS")
+    p.add_argument(
+        "--serve-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="extra argument for vllm serve (repeatable)",
+    )
+    p.add_argument("--json", metavar="PATH", help="write all runs and the summary as JSON")
+    p.add_argument("--plot", metavar="PATH", help="write a PNG of tok/s per concurrency")
+
+
+def _add_bench_kernel(bench) -> None:
+    from .validation import kernel_bench as kb
+
+    p = bench.add_parser(
+        "kernel",
+        help="impl.forward in a CUDA graph: HIP decode vs asm decode (ROCm GPU + AITER)",
+        description=(kb.__doc__ or "").strip(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--heads",
+        type=_layouts,
+        default=None,
+        metavar="Q/KV,...",
+        help="head layouts (default: the seed's grid, 40/8 and 32/8)",
+    )
+    p.add_argument(
+        "--contexts",
+        type=_ints,
+        default=None,
+        metavar="N,...",
+        help="context length of every sequence (default 1024,4096)",
+    )
+    p.add_argument(
+        "--seqs",
+        type=_ints,
+        default=None,
+        metavar="N,...",
+        help="batch sizes (default 16,64,256; 24,64,256 for 32/8)",
+    )
+    p.add_argument(
+        "--precision",
+        default="uhp",
+        metavar="uhp|default",
+        help="asm precision: uhp = high_precision=2 as shipped (default); "
+        "default = AITER's default, to compare with the seed's timings",
+    )
+    p.add_argument(
+        "--sweep",
+        action="store_true",
+        help="walk batch sizes from 1 at the first layout and context and report "
+        "the crossover and the VLLM_ROCM_ASM_DECODE_CUT it suggests",
+    )
+    p.add_argument("--iters", type=int, default=100, help="graph replays per timing")
+    p.add_argument("--json", metavar="PATH", help="write the raw numbers as JSON")
+    p.add_argument("--plot", metavar="PATH", help="write a PNG of µs vs sequences")
+
+
+def _add_check_accuracy(check) -> None:
+    from .validation import accuracy as acc
+
+    p = check.add_parser(
+        "accuracy",
+        help="decode error vs an fp32 reference (contract model without a ROCm GPU)",
+        description=(acc.__doc__ or "").strip(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--heads",
+        type=_layouts,
+        default=None,
+        metavar="Q/KV,...",
+        help="head layouts (default 40/8,32/8,64/8,32/4; small grid without GPU)",
+    )
+    p.add_argument(
+        "--seeds", type=_ints, default=None, metavar="N,...", help="seeds (default 0,1,2)"
+    )
+    p.add_argument(
+        "--contexts",
+        type=_ints,
+        default=None,
+        metavar="N,...",
+        help="context lengths sampled (default 1,15,16,17,255,1000,4000)",
+    )
+    p.add_argument("--json", metavar="PATH", help="write every measurement as JSON")
 
 
 KV_CACHE_DTYPES = ("fp8", "fp8_e4m3", "fp8_e5m2", "auto", "bfloat16", "float16")
@@ -115,6 +292,44 @@ def _plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_serve(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .validation import serve_bench as sb
+
+    try:
+        cfg = sb.ServeConfig(
+            model=args.model, baseline=args.baseline,
+            tensor_parallel_size=args.tensor_parallel_size, concurrencies=args.concurrency,
+            num_prompts=args.num_prompts, repeats=args.repeats, host=args.host, port=args.port,
+            input_len=args.input_len, output_len=args.output_len,
+            max_model_len=args.max_model_len, gpu_memory_utilization=args.gpu_memory_utilization,
+            result_dir=Path(args.result_dir), vllm=args.vllm, serve_args=args.serve_arg,
+            health_timeout=args.health_timeout,
+        )  # fmt: skip
+    except ValueError as exc:
+        print(f"{PROG} bench serve: error: {exc}", file=sys.stderr)
+        return 2
+    outcome = sb.run_ab(cfg, log=lambda line: print(line, file=sys.stderr, flush=True))
+    sb.flag_outliers(outcome.results)
+    rows = sb.summarize(outcome.results, cfg.baseline)
+    print(sb.render(rows, outcome.results, cfg.baseline, cfg.model))
+    if args.json:
+        data = outcome.to_json() | {"summary": [vars(r) for r in rows]}
+        Path(args.json).write_text(json.dumps(data, indent=2))
+    if args.plot and rows:
+        from .validation.plots import plot_serve
+
+        plot_serve(rows, cfg.baseline, cfg.model, args.plot)
+    if outcome.error:
+        print(
+            f"{PROG} bench serve: error: {outcome.error} (results so far kept in {cfg.result_dir})",
+            file=sys.stderr,
+        )
+        return 130 if outcome.interrupted else 1
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     # vLLM's and torch's start-up warnings would drown the answer (VLLM_LOGGING_LEVEL,
@@ -124,6 +339,16 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("torch").setLevel(logging.ERROR)
     if args.command == "plan":
         return _plan(args)
+    if args.command == "bench" and args.bench == "serve":
+        return _bench_serve(args)
+    if args.command == "bench" and args.bench == "kernel":
+        from .validation.kernel_bench import main as bench_kernel
+
+        return bench_kernel(args)
+    if args.command == "check" and args.check == "accuracy":
+        from .validation.accuracy import main as check_accuracy
+
+        return check_accuracy(args)
     raise AssertionError(args.command)
 
 

@@ -238,11 +238,13 @@ def make_batch(
     pad_to: int | None = None,
     dtype: torch.dtype = torch.bfloat16,
     seed: int = 0,
+    contexts: bool = True,
 ) -> Batch:
     """A batch whose requests own distinct random blocks (block 0 is vLLM's null block).
 
     ``pad_to`` appends CUDA-graph padding requests: query length 1, sequence length 0,
-    block-table rows of the null block.
+    block-table rows of the null block. ``contexts=False`` skips drawing every token's
+    K and V (for timing, where the cache content does not matter).
     """
     from vllm.v1.attention.backend import CommonAttentionMetadata
 
@@ -259,16 +261,18 @@ def make_batch(
     for i, n in enumerate(pages):
         table[i, :n] = free[used : used + n].to(torch.int32)
         used += n
-    contexts = []
+    drawn = []
     q_rows, k_rows, v_rows, slots = [], [], [], []
     kvh, hd, h = model.num_kv_heads, model.head_size, model.num_heads
     for i, (seq_len, qlen) in enumerate(zip(seq_lens, query_lens, strict=True)):
-        k = torch.randn(seq_len, kvh, hd, generator=gen)
-        v = torch.randn(seq_len, kvh, hd, generator=gen)
-        contexts.append((k, v))
+        n = seq_len if contexts else qlen
+        k = torch.randn(n, kvh, hd, generator=gen)
+        v = torch.randn(n, kvh, hd, generator=gen)
+        if contexts:
+            drawn.append((k, v))
         q_rows.append(torch.randn(qlen, h, hd, generator=gen))
-        k_rows.append(k[seq_len - qlen :])
-        v_rows.append(v[seq_len - qlen :])
+        k_rows.append(k[n - qlen :])
+        v_rows.append(v[n - qlen :])
         pos = torch.arange(seq_len - qlen, seq_len)
         slots.append(table[i, pos // bs].long() * bs + pos % bs)
     n_pad = (pad_to - len(seq_lens)) if pad_to else 0
@@ -304,7 +308,7 @@ def make_batch(
         value=torch.cat(v_rows).to(dev, dtype),
         slot_mapping=slot_mapping,
         common=common,
-        contexts=contexts,
+        contexts=drawn,
     )
 
 

@@ -1,0 +1,57 @@
+"""PNG plots for the benchmarks (matplotlib, imported only when a plot is asked for)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+
+def _pyplot():
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:
+        raise SystemExit(
+            "--plot needs matplotlib: pip install 'vllm-rocm-asm-decode[bench]'"
+        ) from exc
+    return plt
+
+
+def plot_serve(rows: Sequence[Any], baseline: str, model: str, path: str) -> None:
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    xs = [r.concurrency for r in rows]
+    ax.plot(xs, [r.baseline_tok_s for r in rows], "o-", label=baseline)
+    ax.plot(xs, [r.candidate_tok_s for r in rows], "s-", label="asm-decode")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("max concurrency")
+    ax.set_ylabel("output tok/s")
+    ax.set_title(model)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_kernel(timings: Sequence[Any], cut: int | None, path: str) -> None:
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    groups: dict[tuple[int, int, int], list[Any]] = {}
+    for t in timings:
+        groups.setdefault((t.num_heads, t.num_kv_heads, t.context), []).append(t)
+    for (h, kvh, ctx), ts in sorted(groups.items()):
+        ts = sorted(ts, key=lambda t: t.num_seqs)
+        xs = [t.num_seqs for t in ts]
+        ax.plot(xs, [t.hip_us for t in ts], "o-", label=f"HIP {h}/{kvh} ctx {ctx}")
+        ax.plot(xs, [t.asm_us for t in ts], "s--", label=f"asm {h}/{kvh} ctx {ctx}")
+        if cut is not None:
+            ax.axvline(cut / h, color="grey", lw=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("sequences (grey: the cut)")
+    ax.set_ylabel("µs per impl.forward (CUDA graph)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,377 @@
+"""``bench serve``: an A/B serving benchmark around vLLM's own ``vllm serve`` and
+``vllm bench serve``, with the original change's methodology.
+
+Each arm gets a fresh server (``VLLM_ROCM_USE_AITER=1 vllm serve <model> --kv-cache-dtype
+fp8 --max-model-len 40960 --gpu-memory-utilization 0.85``), waits for ``/health``, runs
+``vllm bench serve`` (random dataset, 1024 in / 1024 out, ``--ignore-eos``) at each
+concurrency with ``--save-result``, and stops the server. Arms alternate across repeats.
+The server is stopped on every path out (failure, crash, Ctrl-C) and the results saved
+so far are kept and reported.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+#: Environment of each arm on top of ``VLLM_ROCM_USE_AITER=1``.
+ARM_ENV = {
+    "plugin-off": {"VLLM_ROCM_ASM_DECODE": "0"},
+    "mha-off": {"VLLM_ROCM_USE_AITER_MHA": "0"},
+    "asm-decode": {},
+}
+CANDIDATE = "asm-decode"
+DEFAULT_CONCURRENCIES = (1, 8, 16, 64, 128)
+DEFAULT_NUM_PROMPTS = (8, 32, 64, 256, 256)
+#: A run whose p99 ITL exceeds this multiple of the median of the other runs at the same
+#: concurrency is flagged (host stalls) and left out of the means.
+OUTLIER_FACTOR = 3.0
+
+
+class ServeError(RuntimeError):
+    """A run that could not complete; the message says what happened."""
+
+
+@dataclass
+class ServeConfig:
+    model: str
+    baseline: str = "plugin-off"
+    tensor_parallel_size: int = 1
+    concurrencies: Sequence[int] = DEFAULT_CONCURRENCIES
+    num_prompts: Sequence[int] = DEFAULT_NUM_PROMPTS
+    repeats: int = 1
+    host: str = "127.0.0.1"
+    port: int = 8000
+    input_len: int = 1024
+    output_len: int = 1024
+    max_model_len: int = 40960
+    gpu_memory_utilization: float = 0.85
+    result_dir: Path = Path("asm-decode-serve-results")
+    vllm: str = "vllm"
+    serve_args: Sequence[str] = ()
+    health_timeout: float = 1800.0
+    stop_timeout: float = 60.0
+
+    def __post_init__(self) -> None:
+        if self.baseline not in ("plugin-off", "mha-off"):
+            raise ValueError(f"--baseline {self.baseline!r}: use plugin-off or mha-off")
+        if len(self.concurrencies) != len(self.num_prompts):
+            raise ValueError(
+                f"{len(self.concurrencies)} concurrencies but {len(self.num_prompts)} "
+                "--num-prompts values; give one per concurrency"
+            )
+        if self.repeats < 1:
+            raise ValueError("--repeats must be at least 1")
+
+
+def arm_order(baseline: str, repeats: int) -> list[tuple[int, str]]:
+    """(repeat, arm) in run order: baseline first, then alternating."""
+    order = []
+    for r in range(repeats):
+        arms = (baseline, CANDIDATE) if r % 2 == 0 else (CANDIDATE, baseline)
+        order += [(r, arm) for arm in arms]
+    return order
+
+
+def arm_env(arm: str, base: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ if base is None else base)
+    for overrides in ARM_ENV.values():  # an arm's switches never leak into another
+        for key in overrides:
+            env.pop(key, None)
+    env["VLLM_ROCM_USE_AITER"] = "1"
+    env.update(ARM_ENV[arm])
+    return env
+
+
+def serve_command(cfg: ServeConfig) -> list[str]:
+    cmd = [
+        cfg.vllm, "serve", cfg.model,
+        "--kv-cache-dtype", "fp8",
+        "--max-model-len", str(cfg.max_model_len),
+        "--gpu-memory-utilization", str(cfg.gpu_memory_utilization),
+        "--host", cfg.host, "--port", str(cfg.port),
+    ]  # fmt: skip
+    if cfg.tensor_parallel_size != 1:
+        cmd += ["--tensor-parallel-size", str(cfg.tensor_parallel_size)]
+    return cmd + list(cfg.serve_args)
+
+
+def result_name(arm: str, repeat: int, concurrency: int) -> str:
+    return f"{arm}-r{repeat}-c{concurrency}.json"
+
+
+def bench_command(cfg: ServeConfig, concurrency: int, num_prompts: int, name: str) -> list[str]:
+    return [
+        cfg.vllm, "bench", "serve",
+        "--backend", "vllm", "--model", cfg.model,
+        "--host", cfg.host, "--port", str(cfg.port),
+        "--dataset-name", "random",
+        "--random-input-len", str(cfg.input_len),
+        "--random-output-len", str(cfg.output_len),
+        "--ignore-eos",
+        "--max-concurrency", str(concurrency),
+        "--num-prompts", str(num_prompts),
+        "--save-result", "--result-dir", str(cfg.result_dir), "--result-filename", name,
+    ]  # fmt: skip
+
+
+def port_in_use(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+class Server:
+    """One ``vllm serve`` process group; always stopped by :meth:`stop`."""
+
+    def __init__(self, cfg: ServeConfig, arm: str, log_path: Path) -> None:
+        self.cfg, self.arm, self.log_path = cfg, arm, log_path
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        if port_in_use(self.cfg.host, self.cfg.port):
+            raise ServeError(f"port {self.cfg.port} on {self.cfg.host} is already in use")
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("wb") as log:
+            self.proc = subprocess.Popen(
+                serve_command(self.cfg),
+                env=arm_env(self.arm),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def wait_healthy(self) -> None:
+        url = f"http://{self.cfg.host}:{self.cfg.port}/health"
+        deadline = time.monotonic() + self.cfg.health_timeout
+        while time.monotonic() < deadline:
+            if not self.alive():
+                code = self.proc.returncode if self.proc else None
+                raise ServeError(
+                    f"{self.arm} server exited with code {code} before /health answered "
+                    f"(log: {self.log_path})"
+                )
+            try:
+                with urllib.request.urlopen(url, timeout=2) as response:
+                    if response.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.5)
+        raise ServeError(
+            f"{self.arm} server did not answer /health within {self.cfg.health_timeout:.0f} s "
+            f"(log: {self.log_path})"
+        )
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        for sig, wait in (
+            (signal.SIGINT, self.cfg.stop_timeout),
+            (signal.SIGTERM, 10.0),
+            (signal.SIGKILL, 10.0),
+        ):
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                return
+            try:
+                self.proc.wait(timeout=wait)
+                return
+            except subprocess.TimeoutExpired:
+                continue
+
+
+@dataclass
+class RunResult:
+    arm: str
+    repeat: int
+    concurrency: int
+    num_prompts: int
+    output_throughput: float
+    median_tpot_ms: float
+    p99_itl_ms: float
+    completed: int
+    failed: int
+    path: str
+    outlier: bool = False
+
+
+def parse_result(path: Path, arm: str, repeat: int) -> RunResult:
+    """One ``vllm bench serve --save-result`` file (vLLM 0.33's format)."""
+    data = json.loads(path.read_text())
+    try:
+        return RunResult(
+            arm=arm,
+            repeat=repeat,
+            concurrency=int(data["max_concurrency"]),
+            num_prompts=int(data["num_prompts"]),
+            output_throughput=float(data["output_throughput"]),
+            median_tpot_ms=float(data["median_tpot_ms"]),
+            p99_itl_ms=float(data["p99_itl_ms"]),
+            completed=int(data["completed"]),
+            failed=int(data.get("failed") or 0),
+            path=str(path),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ServeError(f"{path} is not a vllm bench serve result: {exc!r}") from exc
+
+
+def flag_outliers(results: list[RunResult], factor: float = OUTLIER_FACTOR) -> list[RunResult]:
+    """Mark runs whose p99 ITL is over ``factor`` x the median of the other runs at the
+    same concurrency (both arms); returns the flagged runs."""
+    flagged = []
+    for r in results:
+        others = [o.p99_itl_ms for o in results if o.concurrency == r.concurrency and o is not r]
+        if others and r.p99_itl_ms > factor * statistics.median(others):
+            r.outlier = True
+            flagged.append(r)
+    return flagged
+
+
+@dataclass
+class Row:
+    concurrency: int
+    baseline_tok_s: float | None
+    candidate_tok_s: float | None
+    change_pct: float | None
+    baseline_tpot_ms: float | None
+    candidate_tpot_ms: float | None
+    baseline_p99_itl_ms: float | None
+    candidate_p99_itl_ms: float | None
+    runs: dict[str, int] = field(default_factory=dict)
+
+
+def summarize(results: list[RunResult], baseline: str) -> list[Row]:
+    """Means over the non-outlier runs of each arm, per concurrency."""
+    rows = []
+    for c in sorted({r.concurrency for r in results}):
+
+        def mean(arm: str, attr: str, c: int = c) -> float | None:
+            vals = [
+                getattr(r, attr)
+                for r in results
+                if r.concurrency == c and r.arm == arm and not r.outlier
+            ]
+            return statistics.fmean(vals) if vals else None
+
+        base, cand = mean(baseline, "output_throughput"), mean(CANDIDATE, "output_throughput")
+        rows.append(
+            Row(
+                concurrency=c,
+                baseline_tok_s=base,
+                candidate_tok_s=cand,
+                change_pct=(cand / base - 1) * 100 if base and cand else None,
+                baseline_tpot_ms=mean(baseline, "median_tpot_ms"),
+                candidate_tpot_ms=mean(CANDIDATE, "median_tpot_ms"),
+                baseline_p99_itl_ms=mean(baseline, "p99_itl_ms"),
+                candidate_p99_itl_ms=mean(CANDIDATE, "p99_itl_ms"),
+                runs={
+                    arm: sum(
+                        1 for r in results if r.concurrency == c and r.arm == arm and not r.outlier
+                    )
+                    for arm in (baseline, CANDIDATE)
+                },
+            )
+        )
+    return rows
+
+
+def _f(value: float | None, fmt: str = "{:.0f}") -> str:
+    return "—" if value is None else fmt.format(value)
+
+
+def render(rows: list[Row], results: list[RunResult], baseline: str, model: str) -> str:
+    lines = [
+        f"{model}: output tok/s, {baseline} -> {CANDIDATE} (mean over runs; outliers left out)",
+        "",
+        "| concurrency | output tok/s | change | median TPOT ms | p99 ITL ms | runs |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        change = "—" if r.change_pct is None else f"{r.change_pct:+.1f}%"
+        lines.append(
+            f"| {r.concurrency} | {_f(r.baseline_tok_s)} -> {_f(r.candidate_tok_s)} | {change} "
+            f"| {_f(r.baseline_tpot_ms, '{:.2f}')} -> {_f(r.candidate_tpot_ms, '{:.2f}')} "
+            f"| {_f(r.baseline_p99_itl_ms, '{:.1f}')} -> {_f(r.candidate_p99_itl_ms, '{:.1f}')} "
+            f"| {r.runs.get(baseline, 0)} / {r.runs.get(CANDIDATE, 0)} |"
+        )
+    for r in results:
+        if r.outlier:
+            lines.append(
+                f"outlier left out: {r.arm} repeat {r.repeat} concurrency {r.concurrency}: "
+                f"p99 ITL {r.p99_itl_ms:.1f} ms ({r.path})"
+            )
+    return "\n".join(lines)
+
+
+@dataclass
+class Outcome:
+    results: list[RunResult]
+    error: str | None = None
+    interrupted: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "results": [asdict(r) for r in self.results],
+            "error": self.error,
+            "interrupted": self.interrupted,
+        }
+
+
+def run_bench_client(cmd: list[str]) -> int:
+    return subprocess.run(cmd, check=False).returncode
+
+
+def run_ab(
+    cfg: ServeConfig,
+    bench: Callable[[list[str]], int] = run_bench_client,
+    log: Callable[[str], None] = print,
+) -> Outcome:
+    """Every arm and concurrency; stops at the first failure, keeping what was saved."""
+    cfg.result_dir.mkdir(parents=True, exist_ok=True)
+    outcome = Outcome(results=[])
+    for repeat, arm in arm_order(cfg.baseline, cfg.repeats):
+        server = Server(cfg, arm, cfg.result_dir / f"server-{arm}-r{repeat}.log")
+        try:
+            log(f"== {arm} (repeat {repeat}): starting {' '.join(serve_command(cfg))}")
+            server.start()
+            server.wait_healthy()
+            for c, n in zip(cfg.concurrencies, cfg.num_prompts, strict=True):
+                name = result_name(arm, repeat, c)
+                code = bench(bench_command(cfg, c, n, name))
+                if not server.alive():
+                    raise ServeError(
+                        f"{arm} server died during concurrency {c} (log: {server.log_path})"
+                    )
+                if code != 0:
+                    raise ServeError(f"vllm bench serve exited with {code} at concurrency {c}")
+                outcome.results.append(parse_result(cfg.result_dir / name, arm, repeat))
+        except ServeError as exc:
+            outcome.error = str(exc)
+            return outcome
+        except KeyboardInterrupt:
+            outcome.interrupted = True
+            outcome.error = "interrupted"
+            return outcome
+        finally:
+            server.stop()
+    return outcome

@@ -1,0 +1,293 @@
+"""``bench serve``: commands, orchestration against a stand-in ``vllm``, results."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+
+from vllm_rocm_asm_decode.validation import serve_bench as sb
+
+FAKE_VLLM = str(Path(__file__).resolve().parents[1] / "standins" / "bin" / "vllm")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def config(tmp_path, **kw) -> sb.ServeConfig:
+    base = dict(
+        model="Qwen/Qwen3-14B-FP8",
+        concurrencies=(1, 64),
+        num_prompts=(8, 256),
+        port=free_port(),
+        result_dir=tmp_path / "results",
+        vllm=FAKE_VLLM,
+        health_timeout=30,
+        stop_timeout=5,
+    )
+    base.update(kw)
+    return sb.ServeConfig(**base)
+
+
+def test_serve_command_has_the_seeds_defaults():
+    cfg = sb.ServeConfig(model="m", tensor_parallel_size=2, port=8123, serve_args=("--seed", "1"))
+    cmd = sb.serve_command(cfg)
+    assert cmd[:3] == ["vllm", "serve", "m"]
+    joined = " ".join(cmd)
+    for part in (
+        "--kv-cache-dtype fp8",
+        "--max-model-len 40960",
+        "--gpu-memory-utilization 0.85",
+        "--port 8123",
+        "--tensor-parallel-size 2",
+    ):
+        assert part in joined
+    assert cmd[-2:] == ["--seed", "1"]
+    assert "--tensor-parallel-size" not in sb.serve_command(sb.ServeConfig(model="m"))
+
+
+def test_bench_command_is_vllms_random_dataset_run():
+    cmd = sb.bench_command(sb.ServeConfig(model="m"), 64, 256, "x.json")
+    assert cmd[:3] == ["vllm", "bench", "serve"]
+    joined = " ".join(cmd)
+    for part in (
+        "--dataset-name random",
+        "--random-input-len 1024",
+        "--random-output-len 1024",
+        "--ignore-eos",
+        "--max-concurrency 64",
+        "--num-prompts 256",
+        "--save-result",
+        "--result-filename x.json",
+    ):
+        assert part in joined
+
+
+def test_arms_alternate_and_switches_do_not_leak():
+    assert sb.arm_order("plugin-off", 3) == [
+        (0, "plugin-off"),
+        (0, "asm-decode"),
+        (1, "asm-decode"),
+        (1, "plugin-off"),
+        (2, "plugin-off"),
+        (2, "asm-decode"),
+    ]
+    env = sb.arm_env("asm-decode", {"VLLM_ROCM_ASM_DECODE": "0", "PATH": "/bin"})
+    assert "VLLM_ROCM_ASM_DECODE" not in env and env["VLLM_ROCM_USE_AITER"] == "1"
+    assert sb.arm_env("mha-off", {})["VLLM_ROCM_USE_AITER_MHA"] == "0"
+    assert sb.arm_env("plugin-off", {})["VLLM_ROCM_ASM_DECODE"] == "0"
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [dict(baseline="off"), dict(concurrencies=(1, 2)), dict(repeats=0)],
+    ids=["baseline", "prompts", "repeats"],
+)
+def test_bad_configuration_is_refused(kw):
+    with pytest.raises(ValueError):
+        sb.ServeConfig(
+            model="m", num_prompts=(8,) if "concurrencies" in kw else (8, 32, 64, 256, 256), **kw
+        )
+
+
+def result_file(tmp_path, **overrides) -> Path:
+    """A result with the fields vLLM 0.33's ``vllm bench serve --save-result`` writes."""
+    data = {
+        "date": "20261129-120000",
+        "backend": "vllm",
+        "model_id": "m",
+        "num_prompts": 256,
+        "max_concurrency": 64,
+        "duration": 30.0,
+        "completed": 256,
+        "failed": 0,
+        "request_throughput": 8.5,
+        "output_throughput": 9390.5,
+        "total_token_throughput": 18000.0,
+        "mean_tpot_ms": 6.5,
+        "median_tpot_ms": 6.4,
+        "p99_tpot_ms": 7.0,
+        "mean_itl_ms": 6.5,
+        "median_itl_ms": 6.3,
+        "p99_itl_ms": 15.5,
+    }
+    data.update(overrides)
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_parse_result():
+    import tempfile
+
+    r = sb.parse_result(result_file(Path(tempfile.mkdtemp())), "asm-decode", 1)
+    assert (r.concurrency, r.num_prompts, r.output_throughput) == (64, 256, 9390.5)
+    assert (r.median_tpot_ms, r.p99_itl_ms, r.completed) == (6.4, 15.5, 256)
+
+
+def test_parse_result_rejects_other_files(tmp_path):
+    path = tmp_path / "x.json"
+    path.write_text(json.dumps({"throughput": 1}))
+    with pytest.raises(sb.ServeError, match="not a vllm bench serve result"):
+        sb.parse_result(path, "asm-decode", 0)
+
+
+def run(arm, c, tok, itl, repeat=0):
+    return sb.RunResult(arm, repeat, c, 256, tok, 6.0, itl, 256, 0, f"{arm}-{repeat}-{c}")
+
+
+def test_outliers_are_flagged_and_left_out_of_the_means():
+    results = [
+        run("plugin-off", 64, 4850, 15.5),
+        run("plugin-off", 64, 4900, 16.0, 1),
+        run("asm-decode", 64, 5105, 16.5),
+        run("asm-decode", 64, 4000, 79.7, 1),
+    ]
+    flagged = sb.flag_outliers(results)
+    assert [(r.arm, r.repeat) for r in flagged] == [("asm-decode", 1)]
+    (row,) = sb.summarize(results, "plugin-off")
+    assert row.baseline_tok_s == pytest.approx(4875) and row.candidate_tok_s == 5105
+    assert row.change_pct == pytest.approx((5105 / 4875 - 1) * 100)
+    assert row.runs == {"plugin-off": 2, "asm-decode": 1}
+    text = sb.render([row], results, "plugin-off", "m")
+    assert "4875 -> 5105" in text and "+4.7%" in text and "outlier left out" in text
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+class Spy:
+    """Records servers so the test can check they were stopped."""
+
+    def __init__(self, monkeypatch):
+        self.servers: list[sb.Server] = []
+        original = sb.Server.start
+
+        def start(server):
+            self.servers.append(server)
+            original(server)
+
+        monkeypatch.setattr(sb.Server, "start", start)
+
+    def all_stopped(self) -> bool:
+        return all(
+            s.proc is None or (s.proc.poll() is not None and not alive(s.proc.pid))
+            for s in self.servers
+        )
+
+
+def test_full_ab_run_against_a_stand_in_server(tmp_path, monkeypatch):
+    spy = Spy(monkeypatch)
+    cfg = config(tmp_path, repeats=2)
+    outcome = sb.run_ab(cfg, log=lambda _: None)
+    assert outcome.error is None and not outcome.interrupted
+    assert len(outcome.results) == 8  # 2 repeats x 2 arms x 2 concurrencies
+    assert [s.arm for s in spy.servers] == ["plugin-off", "asm-decode", "asm-decode", "plugin-off"]
+    assert spy.all_stopped() and not sb.port_in_use(cfg.host, cfg.port)
+    rows = sb.summarize(outcome.results, "plugin-off")
+    assert [r.concurrency for r in rows] == [1, 64]
+    assert all(r.change_pct == pytest.approx(5.0) for r in rows)
+    saved = json.loads((cfg.result_dir / "asm-decode-r1-c64.json").read_text())
+    assert saved["aiter_env"] == "1"  # every arm runs with VLLM_ROCM_USE_AITER=1
+
+
+def test_a_stall_is_flagged_not_averaged(tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_VLLM_STALL", "64")
+    outcome = sb.run_ab(config(tmp_path, repeats=2), log=lambda _: None)
+    flagged = sb.flag_outliers(outcome.results)
+    assert [(r.arm, r.repeat, r.concurrency) for r in flagged] == [("asm-decode", 0, 64)]
+
+
+def test_server_that_fails_to_start(tmp_path, monkeypatch):
+    spy = Spy(monkeypatch)
+    monkeypatch.setenv("FAKE_VLLM_SERVE_FAIL", "1")
+    outcome = sb.run_ab(config(tmp_path), log=lambda _: None)
+    assert outcome.results == [] and "exited with code 3 before /health" in outcome.error
+    assert spy.all_stopped()
+
+
+def test_port_in_use(tmp_path):
+    cfg = config(tmp_path)
+    with socket.socket() as s:
+        s.bind((cfg.host, cfg.port))
+        s.listen()
+        outcome = sb.run_ab(cfg, log=lambda _: None)
+    assert outcome.results == [] and f"port {cfg.port}" in outcome.error
+
+
+def test_crash_mid_run_keeps_partial_results(tmp_path, monkeypatch):
+    spy = Spy(monkeypatch)
+    monkeypatch.setenv("FAKE_VLLM_DIE_AFTER", "2")  # dies answering the second run
+    outcome = sb.run_ab(config(tmp_path), log=lambda _: None)
+    assert [(r.arm, r.concurrency) for r in outcome.results] == [("plugin-off", 1)]
+    assert "died during concurrency 64" in outcome.error or "exited with" in outcome.error
+    assert spy.all_stopped()
+
+
+def test_ctrl_c_stops_the_server_and_keeps_results(tmp_path, monkeypatch):
+    spy = Spy(monkeypatch)
+    calls = []
+
+    def bench(cmd):
+        calls.append(cmd)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return sb.run_bench_client(cmd)
+
+    outcome = sb.run_ab(config(tmp_path), bench=bench, log=lambda _: None)
+    assert outcome.interrupted and len(outcome.results) == 2
+    assert [s.arm for s in spy.servers] == ["plugin-off", "asm-decode"]
+    assert spy.all_stopped()
+
+
+def test_cli_exit_codes_and_json(tmp_path, monkeypatch, capsys):
+    from vllm_rocm_asm_decode.cli import main
+
+    port = free_port()
+    args = [
+        "bench",
+        "serve",
+        "--model",
+        "m",
+        "--concurrency",
+        "1,8",
+        "--num-prompts",
+        "4,8",
+        "--port",
+        str(port),
+        "--result-dir",
+        str(tmp_path / "r"),
+        "--vllm",
+        FAKE_VLLM,
+        "--json",
+        str(tmp_path / "out.json"),
+    ]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "| 8 | 800 -> 840 | +5.0% |" in out
+    data = json.loads((tmp_path / "out.json").read_text())
+    assert len(data["results"]) == 4 and data["error"] is None
+    monkeypatch.setenv("FAKE_VLLM_SERVE_FAIL", "1")
+    assert main(args) == 1
+    assert "before /health" in capsys.readouterr().err
+    assert sys.executable  # the stand-in runs on this interpreter's python3
+
+
+def test_serve_plot(tmp_path):
+    from vllm_rocm_asm_decode.validation.plots import plot_serve
+
+    results = [run("plugin-off", 64, 4850, 15.5), run("asm-decode", 64, 5105, 16.5)]
+    plot_serve(sb.summarize(results, "plugin-off"), "plugin-off", "m", str(tmp_path / "s.png"))
+    assert (tmp_path / "s.png").read_bytes()[:4] == b"\x89PNG"

@@ -1,0 +1,105 @@
+"""``bench kernel`` and ``check accuracy``: what runs without an AMD GPU."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from vllm_rocm_asm_decode.cli import main
+from vllm_rocm_asm_decode.validation import accuracy as acc
+from vllm_rocm_asm_decode.validation import kernel_bench as kb
+
+
+def test_default_grid_is_the_seeds():
+    cases = kb.grid(None, None, None)
+    assert len(cases) == 12
+    assert {(h, k) for h, k, _, _ in cases} == {(40, 8), (32, 8)}
+    assert {n for h, _, _, n in cases if h == 32} == {24, 64, 256}
+    assert {n for h, _, _, n in cases if h == 40} == {16, 64, 256}
+    assert {c for _, _, c, _ in cases} == {1024, 4096}
+
+
+def timings(pairs, heads=40):
+    return [kb.Timing(heads, 8, 4096, n, hip, asm) for n, (hip, asm) in pairs.items()]
+
+
+def test_crossover_and_suggested_cut():
+    # The seed's shape at ctx 4096: asm slower for 1-4 sequences, faster from 16 on.
+    t = timings(
+        {
+            1: (8.0, 20.0),
+            4: (10.7, 20.6),
+            8: (14.0, 15.0),
+            16: (26.7, 22.5),
+            64: (130.1, 95.1),
+            256: (448.3, 363.0),
+        }
+    )
+    assert kb.crossover(t) == 16
+    assert kb.suggested_cut(t) == 8 * 40  # asm from 9 sequences of 40 heads on
+    text = kb.render(t, "uhp", True, 512)
+    assert "asm faster from 16 sequences (640 query heads)" in text
+    assert "VLLM_ROCM_ASM_DECODE_CUT=320" in text and "| 40/8 | 4096 | 16 | 640 |" in text
+
+
+def test_crossover_needs_asm_to_stay_faster():
+    t = timings({8: (10.0, 9.0), 16: (20.0, 21.0), 32: (40.0, 30.0)})
+    assert kb.crossover(t) == 32
+    assert kb.crossover(timings({8: (1.0, 2.0), 16: (2.0, 3.0)})) is None
+    assert kb.suggested_cut(timings({8: (1.0, 2.0)})) is None
+    assert kb.suggested_cut(timings({1: (2.0, 1.0), 2: (3.0, 1.0)})) == 0
+
+
+@pytest.mark.parametrize("command", [["bench", "kernel"], ["bench", "kernel", "--sweep"]])
+def test_bench_kernel_without_an_amd_gpu_exits_2_in_one_line(command, capsys):
+    assert main(command) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "needs a gfx942/gfx950 GPU with AITER" in err[0]
+
+
+def test_kernel_plot(tmp_path):
+    from vllm_rocm_asm_decode.validation.plots import plot_kernel
+
+    plot_kernel(timings({16: (26.7, 22.5), 64: (130.1, 95.1)}), 512, str(tmp_path / "k.png"))
+    assert (tmp_path / "k.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_accuracy_contract_mode_passes_and_says_what_it_checks(tmp_path, capsys):
+    assert main(["check", "accuracy", "--json", str(tmp_path / "a.json")]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "contract model" in out[0] and "no precision modes, no HIP kernel" in out[0]
+    rows = json.loads((tmp_path / "a.json").read_text())
+    assert {(r["num_heads"], r["num_kv_heads"]) for r in rows} == {(40, 8), (32, 4)}
+    assert all(r["max_abs"] <= acc.MAX_TOL and r["mean_abs"] <= acc.MEAN_TOL for r in rows)
+    assert out[-1].endswith("within tolerance")
+
+
+def test_accuracy_catches_a_layout_mistake():
+    """V handed over without the shuffled view's dense pages (V read as K) is caught."""
+    from vllm_rocm_asm_decode.contract_model import PagedAttentionAsmModel
+    from vllm_rocm_asm_decode.kernel_table import fallback_table
+
+    model = PagedAttentionAsmModel(fallback_table("gfx950"))
+    fp8 = torch.float8_e4m3fn
+
+    def wrong(case):
+        out = torch.empty_like(case.query)
+        blocks, kvh = case.key_cache.shape[:2]
+        model(
+            case.query,
+            case.key_cache.view(fp8),
+            case.key_cache.view(fp8).view(blocks, kvh, 1, 128, 16),
+            case.block_table,
+            case.seq_lens,
+            case.block_table.stride(0),
+            K_QScale=torch.full((blocks, kvh, 16), acc.K_SCALE),
+            V_QScale=torch.full((blocks, kvh, 16), acc.V_SCALE),
+            out_=out,
+            high_precision=2,
+        )
+        return out
+
+    rows = acc.measure({"wrong": wrong}, [(40, 8)], [0], [17, 255], "cpu", fp8)
+    assert acc.verdict(rows, "wrong")
