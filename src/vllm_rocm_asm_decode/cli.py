@@ -4,6 +4,7 @@
 ``bench kernel``    impl.forward in a CUDA graph, HIP against asm (ROCm GPU with AITER)
 ``bench serve``     A/B serving benchmark around ``vllm serve`` / ``vllm bench serve``
 ``check accuracy``  decode error against an fp32 reference (contract model without a GPU)
+``check passkey``   long-context retrieval against a running server
 """
 
 from __future__ import annotations
@@ -92,6 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
         dest="check", required=True, parser_class=_Parser
     )
     _add_check_accuracy(check)
+    _add_check_passkey(check)
     return parser
 
 
@@ -230,6 +232,30 @@ def _add_bench_kernel(bench) -> None:
     p.add_argument("--plot", metavar="PATH", help="write a PNG of µs vs sequences")
 
 
+def _add_check_passkey(check) -> None:
+    from .validation import passkey
+
+    p = check.add_parser(
+        "passkey",
+        help="long-context passkey retrieval against a running server",
+        description=(passkey.__doc__ or "").strip(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--model", required=True, help="the served model name")
+    p.add_argument("--base-url", default="http://127.0.0.1:8000")
+    p.add_argument(
+        "--lengths",
+        type=_ints,
+        default=[3000, 8000, 16000, 32000],
+        metavar="N,...",
+        help="target prompt lengths in tokens (default 3000,8000,16000,32000)",
+    )
+    p.add_argument("--prompts", type=int, default=24, help="prompts per length (default 24)")
+    p.add_argument("--in-flight", type=int, default=30, help="concurrent requests (default 30)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timeout", type=float, default=600.0, metavar="SECONDS")
+
+
 def _add_check_accuracy(check) -> None:
     from .validation import accuracy as acc
 
@@ -345,6 +371,10 @@ def main(argv: list[str] | None = None) -> int:
         from .validation.kernel_bench import main as bench_kernel
 
         return bench_kernel(args)
+    if args.command == "check" and args.check == "passkey":
+        from .validation.passkey import main as check_passkey
+
+        return check_passkey(args)
     if args.command == "check" and args.check == "accuracy":
         from .validation.accuracy import main as check_accuracy
 

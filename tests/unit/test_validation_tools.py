@@ -103,3 +103,54 @@ def test_accuracy_catches_a_layout_mistake():
 
     rows = acc.measure({"wrong": wrong}, [(40, 8)], [0], [17, 255], "cpu", fp8)
     assert acc.verdict(rows, "wrong")
+
+
+def test_passkey_prompts_hide_the_key_and_scoring_finds_it():
+    import random
+
+    from vllm_rocm_asm_decode.validation import passkey
+
+    rng = random.Random(0)
+    p = passkey.make_prompt(8000, rng)
+    assert p.text.count(p.passkey) == 2 and len(p.passkey) == 5
+    assert 6000 < len(p.text.split()) * 1.3 < 12000  # about the target length in tokens
+    assert passkey.passed(p, f" {p.passkey}.") and not passkey.passed(p, " 12")
+
+
+def test_passkey_without_a_server_is_a_clear_error(capsys):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    code = main(
+        [
+            "check",
+            "passkey",
+            "--model",
+            "m",
+            "--base-url",
+            f"http://127.0.0.1:{port}",
+            "--lengths",
+            "100",
+            "--prompts",
+            "1",
+            "--timeout",
+            "5",
+        ]
+    )
+    assert code == 2 and "check passkey: error" in capsys.readouterr().err
+
+
+def test_amd_ci_pipeline_runs_the_hardware_tests_and_checks_on_both_families():
+    from pathlib import Path
+
+    import yaml
+
+    pipeline = yaml.safe_load(
+        (Path(__file__).resolve().parents[2] / ".buildkite" / "test-amd.yaml").read_text()
+    )
+    pools = {s["agent_pool"]: " ".join(s["commands"]) for s in pipeline["steps"]}
+    assert set(pools) == {"mi300_1", "mi355_1"}
+    for commands in pools.values():
+        assert "pytest -v tests/rocm" in commands and "check accuracy" in commands

@@ -1,0 +1,82 @@
+"""``check passkey``: long-context retrieval against a running OpenAI-compatible server.
+
+Each prompt hides a random five-digit passkey at a random depth of filler text of about
+the target length and asks for it back (greedy, 16 tokens). A prompt passes when the
+reply contains the passkey. The original change ran 24 prompts at 3K / 8K / 16K / 32K
+tokens with 30 in flight, all passing in both arms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+PROG = "vllm-rocm-asm-decode check passkey"
+FILLER = (
+    "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
+)
+#: Tokens per filler sentence block for Llama/Qwen tokenizers, roughly; lengths are
+#: targets, not exact counts.
+TOKENS_PER_FILLER = 24
+
+
+@dataclass
+class Prompt:
+    length: int
+    passkey: str
+    text: str
+
+
+def make_prompt(length: int, rng: random.Random) -> Prompt:
+    passkey = f"{rng.randrange(10000, 100000)}"
+    blocks = max(1, length // TOKENS_PER_FILLER)
+    depth = rng.randrange(blocks + 1)
+    needle = f"The pass key is {passkey}. Remember it. {passkey} is the pass key. "
+    body = FILLER * depth + needle + FILLER * (blocks - depth)
+    text = (
+        "There is an important piece of information hidden inside a lot of irrelevant "
+        f"text. Find it and memorize it.\n\n{body}\n\nWhat is the pass key? The pass key is"
+    )
+    return Prompt(length, passkey, text)
+
+
+def passed(prompt: Prompt, reply: str) -> bool:
+    return prompt.passkey in reply
+
+
+def ask(base_url: str, model: str, prompt: Prompt, timeout: float) -> str:
+    body = json.dumps(
+        {"model": model, "prompt": prompt.text, "max_tokens": 16, "temperature": 0}
+    ).encode()
+    request = urllib.request.Request(
+        f"{base_url}/v1/completions", data=body, headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        return json.loads(response.read())["choices"][0]["text"]
+
+
+def main(args: argparse.Namespace) -> int:
+    rng = random.Random(args.seed)
+    prompts = [make_prompt(n, rng) for n in args.lengths for _ in range(args.prompts)]
+    try:
+        with ThreadPoolExecutor(max_workers=args.in_flight) as pool:
+            replies = list(
+                pool.map(lambda p: ask(args.base_url, args.model, p, args.timeout), prompts)
+            )
+    except (urllib.error.URLError, OSError, KeyError, ValueError) as exc:
+        print(f"{PROG}: error: {args.base_url}: {exc}", file=sys.stderr)
+        return 2
+    failures = 0
+    print("| target tokens | passed |")
+    print("|---|---|")
+    for n in args.lengths:
+        got = [passed(p, r) for p, r in zip(prompts, replies, strict=True) if p.length == n]
+        failures += got.count(False)
+        print(f"| {n} | {sum(got)}/{len(got)} |")
+    return 1 if failures else 0
