@@ -121,14 +121,26 @@ def _layouts(text: str) -> list[tuple[int, int]]:
     return [(p[0], p[1]) for p in pairs]
 
 
+def _documented_parser(sub, name: str, help: str, module) -> argparse.ArgumentParser:
+    """A subcommand whose --help shows its module's docstring."""
+    return sub.add_parser(
+        name,
+        help=help,
+        description=(module.__doc__ or "").strip(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+
+
+def _add_layout_options(p: argparse.ArgumentParser, heads_help: str, contexts_help: str) -> None:
+    p.add_argument("--heads", type=_layouts, default=None, metavar="Q/KV,...", help=heads_help)
+    p.add_argument("--contexts", type=_ints, default=None, metavar="N,...", help=contexts_help)
+
+
 def _add_bench_serve(bench) -> None:
     from .validation import serve_bench as sb
 
-    p = bench.add_parser(
-        "serve",
-        help="A/B serving benchmark: baseline vs asm decode, fresh server per arm",
-        description=(sb.__doc__ or "").strip(),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    p = _documented_parser(
+        bench, "serve", "A/B serving benchmark: baseline vs asm decode, fresh server per arm", sb
     )
     p.add_argument("--model", required=True, help="what vllm serve serves")
     p.add_argument(
@@ -187,25 +199,16 @@ def _add_bench_serve(bench) -> None:
 def _add_bench_kernel(bench) -> None:
     from .validation import kernel_bench as kb
 
-    p = bench.add_parser(
+    p = _documented_parser(
+        bench,
         "kernel",
-        help="impl.forward in a CUDA graph: HIP decode vs asm decode (ROCm GPU + AITER)",
-        description=(kb.__doc__ or "").strip(),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        "impl.forward in a CUDA graph: HIP decode vs asm decode (ROCm GPU + AITER)",
+        kb,
     )
-    p.add_argument(
-        "--heads",
-        type=_layouts,
-        default=None,
-        metavar="Q/KV,...",
-        help="head layouts (default: the seed's grid, 40/8 and 32/8)",
-    )
-    p.add_argument(
-        "--contexts",
-        type=_ints,
-        default=None,
-        metavar="N,...",
-        help="context length of every sequence (default 1024,4096)",
+    _add_layout_options(
+        p,
+        "head layouts (default: the seed's grid, 40/8 and 32/8)",
+        "context length of every sequence (default 1024,4096)",
     )
     p.add_argument(
         "--seqs",
@@ -235,11 +238,8 @@ def _add_bench_kernel(bench) -> None:
 def _add_check_passkey(check) -> None:
     from .validation import passkey
 
-    p = check.add_parser(
-        "passkey",
-        help="long-context passkey retrieval against a running server",
-        description=(passkey.__doc__ or "").strip(),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    p = _documented_parser(
+        check, "passkey", "long-context passkey retrieval against a running server", passkey
     )
     p.add_argument("--model", required=True, help="the served model name")
     p.add_argument("--base-url", default="http://127.0.0.1:8000")
@@ -259,28 +259,19 @@ def _add_check_passkey(check) -> None:
 def _add_check_accuracy(check) -> None:
     from .validation import accuracy as acc
 
-    p = check.add_parser(
+    p = _documented_parser(
+        check,
         "accuracy",
-        help="decode error vs an fp32 reference (contract model without a ROCm GPU)",
-        description=(acc.__doc__ or "").strip(),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        "decode error vs an fp32 reference (contract model without a ROCm GPU)",
+        acc,
     )
-    p.add_argument(
-        "--heads",
-        type=_layouts,
-        default=None,
-        metavar="Q/KV,...",
-        help="head layouts (default 40/8,32/8,64/8,32/4; small grid without GPU)",
+    _add_layout_options(
+        p,
+        "head layouts (default 40/8,32/8,64/8,32/4; small grid without GPU)",
+        "context lengths sampled (default 1,15,16,17,255,1000,4000)",
     )
     p.add_argument(
         "--seeds", type=_ints, default=None, metavar="N,...", help="seeds (default 0,1,2)"
-    )
-    p.add_argument(
-        "--contexts",
-        type=_ints,
-        default=None,
-        metavar="N,...",
-        help="context lengths sampled (default 1,15,16,17,255,1000,4000)",
     )
     p.add_argument("--json", metavar="PATH", help="write every measurement as JSON")
 
