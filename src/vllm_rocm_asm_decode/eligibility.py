@@ -66,14 +66,15 @@ def rejection_reasons(facts: LayerFacts, kernels: KernelTable) -> list[str]:
         reasons.append(f"head size {f.head_size} (the asm kernel takes 128 only)")
     # Launcher: Q must be fp16 or bf16.
     q_type = dtype_name(f.query_dtype)
-    if q_type not in ("bf16", "fp16"):
+    q_ok = q_type in ("bf16", "fp16")
+    if not q_ok:
         reasons.append(f"{f.query_dtype} query (the asm kernel takes bf16/fp16 only)")
-    # Launcher: no table row -> hard error. Asked for exactly as the call will ask.
-    elif f.block_size != ASM_BLOCK_SIZE:
+    if f.block_size != ASM_BLOCK_SIZE:
         reasons.append(f"block size {f.block_size} (asm decode needs 16-token blocks)")
-    elif f.num_kv_heads <= 0 or f.num_heads % f.num_kv_heads:
+    if f.num_kv_heads <= 0 or f.num_heads % f.num_kv_heads:
         reasons.append(f"{f.num_heads} query heads over {f.num_kv_heads} KV heads")
-    else:
+    elif q_ok and f.block_size == ASM_BLOCK_SIZE:
+        # Launcher: no table row -> hard error. Asked for exactly as the call will ask.
         gqa = f.num_heads // f.num_kv_heads
         row = kernels.find(
             q_type=q_type,

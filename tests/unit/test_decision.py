@@ -149,3 +149,34 @@ def test_step_cut_is_strictly_above():
     assert not step_uses_asm(num_tokens=16, num_reqs=16, **kw)  # 512 is not above 512
     assert step_uses_asm(num_tokens=17, num_reqs=17, **kw)
     assert not step_uses_asm(num_tokens=17, num_reqs=18, **kw)  # a request without a row
+
+
+def test_every_failed_clause_is_reported_not_just_the_first():
+    facts = LayerFacts(
+        "fp8_e5m2",
+        32,
+        128,
+        64,
+        4,
+        torch.float32,
+        0.0625,
+        True,
+        False,
+        0.0,
+        False,
+        True,
+        False,
+        262144,
+    )
+    reasons = rejection_reasons(facts, TABLES["gfx950"])
+    for part in (
+        "fp8_e5m2",
+        "torch.float32 query",
+        "block size 32",
+        "softmax scale 0.0625",
+        "sliding window",
+        "not dense",
+        "max_model_len 262144",
+    ):
+        assert any(part in r for r in reasons), (part, reasons)
+    assert len(reasons) == 7
