@@ -28,6 +28,7 @@ from vllm_rocm_asm_decode.testbed import (  # noqa: F401 - the tests use them vi
     reference,
     run_layer,
     set_layer_scales,
+    store_fp8_tokens,
     write_model_dir,
 )
 
@@ -180,16 +181,15 @@ def cache_writer(
     KERNELS.cache_writes += 1
     assert not interleaved_v
     fp8 = current_platform.fp8_dtype()
-    bs = value_cache.shape[3]
-    x = key_cache.shape[4]
     slots = slot_mapping.long()
     keep = slots >= 0
-    blk, off = slots[keep] // bs, slots[keep] % bs
-    kq = (key[keep].float() / float(k_scale)).to(fp8).view(torch.uint8)
-    vq = (value[keep].float() / float(v_scale)).to(fp8).view(torch.uint8)
-    n = kq.shape[0]
-    key_cache.view(torch.uint8)[blk, :, :, off, :] = kq.view(n, kq.shape[1], -1, x)
-    value_cache.view(torch.uint8)[blk, :, :, off] = vq
+    store_fp8_tokens(
+        key_cache,
+        value_cache,
+        slots[keep],
+        (key[keep].float() / float(k_scale)).to(fp8),
+        (value[keep].float() / float(v_scale)).to(fp8),
+    )
 
 
 def install_kernel_standins(monkeypatch) -> KernelLog:

@@ -31,8 +31,7 @@ from vllm.v1.attention.ops.chunked_prefill_paged_decode import has_native_kv_cac
 from vllm.v1.attention.ops.paged_attn import PagedAttention
 from vllm.v1.kv_cache_interface import AttentionSpec
 
-from . import settings
-from .decision import call_uses_asm, resolve_cut, step_uses_asm
+from .decision import call_uses_asm, describe_cut, resolve_cut, step_uses_asm
 from .eligibility import VALIDATED_CONTEXT, LayerFacts, rejection_reasons
 from .kernel import AsmKernel, current_arch, load_asm_kernel
 from .kernel_table import ULTRA_PRECISION
@@ -347,9 +346,7 @@ def _announce(
         total,
         arch,
         builder.asm_cut,
-        f"set by {settings.CUT_ENV}"
-        if settings.cut_override() is not None
-        else f"2 x {compute_units} CUs",
+        describe_cut(compute_units),
         ULTRA_PRECISION,
     )
     if eligible and max_model_len > VALIDATED_CONTEXT:

@@ -31,6 +31,13 @@ def resolve_cut(compute_units: int) -> int:
     return override if override is not None else default_cut(compute_units)
 
 
+def describe_cut(compute_units: int) -> str:
+    """Where the cut comes from, for logs and ``plan``."""
+    if settings.cut_override() is not None:
+        return f"set by {settings.CUT_ENV}"
+    return f"2 x {compute_units} CUs"
+
+
 def step_uses_asm(
     *,
     max_query_len: int,

@@ -13,8 +13,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .decision import default_cut, resolve_cut, step_uses_asm
-from .eligibility import LayerFacts, rejection_reasons
+from .decision import default_cut, describe_cut, resolve_cut, step_uses_asm
+from .eligibility import VALIDATED_CONTEXT, LayerFacts, rejection_reasons
 from .kernel_table import KernelTable, fallback_table
 
 PRESETS_DIR = Path(__file__).resolve().parent / "presets"
@@ -239,7 +239,7 @@ def scale_table_fraction(facts: list[LayerFacts], eligible: list[bool]) -> float
             for scale in (1.0, 1.0):  # K, V
                 store.get("meta", 1, f.num_kv_heads, f.block_size, scale)
     table_bytes = sum(t.numel() * t.element_size() for t in store.tables.values())
-    elem = 1 if f"{facts[0].kv_cache_dtype}".startswith("fp8") else 2
+    elem = 1 if facts[0].kv_cache_dtype.startswith("fp8") else 2
     kv_bytes = sum(2 * f.num_kv_heads * f.head_size * f.block_size * elem for f in facts)
     return table_bytes / kv_bytes if kv_bytes else 0.0
 
@@ -266,13 +266,6 @@ def make_plan(
     for i, reasons in enumerate(per_layer):
         groups.setdefault(tuple(reasons), []).append(i)
     cut = resolve_cut(the_gpu.compute_units)
-    from . import settings
-
-    cut_source = (
-        f"{settings.CUT_ENV}"
-        if settings.cut_override() is not None
-        else f"2 x {the_gpu.compute_units} CUs"
-    )
     heads = facts[0].num_heads
     any_eligible = any(eligible)
     batches = [
@@ -287,13 +280,13 @@ def make_plan(
         for n in default_capture_sizes()
     ]
     notes = []
-    if any_eligible and model_config.max_model_len > 32768:
+    if any_eligible and model_config.max_model_len > VALIDATED_CONTEXT:
         notes.append(
-            f"max_model_len {model_config.max_model_len}: contexts above 32768 tokens are "
-            "not validated on hardware"
+            f"max_model_len {model_config.max_model_len}: contexts above "
+            f"{VALIDATED_CONTEXT} tokens are not validated on hardware"
         )
     if cut != default_cut(the_gpu.compute_units):
-        notes.append(f"cut set by {settings.CUT_ENV}")
+        notes.append(f"cut {describe_cut(the_gpu.compute_units)}")
     return Plan(
         model=label,
         gpu=the_gpu.name,
@@ -304,7 +297,7 @@ def make_plan(
         block_size=block_size,
         dtype=str(model_config.dtype).removeprefix("torch."),
         cut_query_heads=cut,
-        cut_source=cut_source,
+        cut_source=describe_cut(the_gpu.compute_units),
         num_layers=len(facts),
         num_heads_per_rank=heads,
         num_kv_heads_per_rank=facts[0].num_kv_heads,

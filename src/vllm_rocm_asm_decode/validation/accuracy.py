@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from ..testbed import store_fp8_tokens
 from .gpu import rocm_gpu_problem
 
 PROG = "vllm-rocm-asm-decode check accuracy"
@@ -85,10 +86,9 @@ def build_case(
         k = (torch.randn(n, kv_heads, HEAD_SIZE, generator=gen) / K_SCALE).to(fp8)
         v = (torch.randn(n, kv_heads, HEAD_SIZE, generator=gen) / V_SCALE).to(fp8)
         pos = torch.arange(n)
-        blk, off = table[i, pos // BLOCK].long(), pos % BLOCK
-        x = key_cache.shape[4]
-        key_cache[blk, :, :, off, :] = k.view(torch.uint8).view(n, kv_heads, -1, x)
-        value_cache[blk, :, :, off] = v.view(torch.uint8)
+        store_fp8_tokens(
+            key_cache, value_cache, table[i, pos // BLOCK].long() * BLOCK + pos % BLOCK, k, v
+        )
         g = heads // kv_heads
         kk = (k.float() * K_SCALE).repeat_interleave(g, 1)
         vv = (v.float() * V_SCALE).repeat_interleave(g, 1)
