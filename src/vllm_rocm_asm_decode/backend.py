@@ -3,9 +3,10 @@
 Data flow, decide once and run many:
 
 1. At the first ``build()`` after the KV cache is bound, the builder loads the AITER
-   kernel (:mod:`.kernel`) and asks each of its layers' impls to bind: the impl checks
-   the layer against :mod:`.eligibility`, and if it passes, keeps the cache views the
-   kernel reads and the layer's scale tables (:mod:`.scale_tables`).
+   kernel (:mod:`.kernel`) and decides its layers (:func:`decide_layers`): each layer is
+   checked against :mod:`.eligibility`; the scale tables of those that pass are budgeted
+   against free device memory (:mod:`.scale_tables`); the layers that fit keep the
+   cache views the kernel reads and their tables, the rest keep the HIP decode.
 2. Every ``build()`` decides the step from host integers (:func:`.decision.step_uses_asm`)
    and records it in the metadata, so a captured CUDA graph holds one decode kernel.
 3. ``forward`` combines the step with the layer's binding and the call's arguments and
@@ -31,12 +32,22 @@ from vllm.v1.attention.ops.chunked_prefill_paged_decode import has_native_kv_cac
 from vllm.v1.attention.ops.paged_attn import PagedAttention
 from vllm.v1.kv_cache_interface import AttentionSpec
 
+from . import settings
+from .aiter_version import BLOCK_ID_LIMIT
 from .decision import call_uses_asm, describe_cut, resolve_cut, step_uses_asm
 from .eligibility import VALIDATED_CONTEXT, LayerFacts, rejection_reasons
 from .kernel import AsmKernel, current_arch, load_asm_kernel
 from .kernel_table import ULTRA_PRECISION
 from .log import logger
-from .scale_tables import scale_tables
+from .scale_tables import (
+    TableKey,
+    existing_tables,
+    fit_tables,
+    free_device_memory,
+    mib,
+    scale_tables,
+    table_key,
+)
 
 _announced = False
 
@@ -96,12 +107,29 @@ class RocmAsmDecodeImpl(RocmAttentionImpl):
             decoder_self_attention=self.attn_type == AttentionType.DECODER,
             native_kv_layout=has_native_kv_cache_layout(key_cache, value_cache),
             max_model_len=max_model_len,
+            num_blocks=key_cache.shape[0],
         )
 
     def _split(self, kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return PagedAttention.split_kv_cache(
             kv_cache.transpose(0, 1), self.num_kv_heads, self.head_size
         )
+
+    def scale_table_keys(
+        self, layer: torch.nn.Module, kv_cache: torch.Tensor
+    ) -> tuple[TableKey, TableKey]:
+        """The shared tables this layer's binding will use, shaped as the kernel indexes
+        them: K's block count, KV heads and block size, at the layer's final scales."""
+        num_blocks, num_kv_heads, _, block_size, _ = self._split(kv_cache)[0].shape
+        return (
+            table_key(kv_cache.device, num_blocks, num_kv_heads, block_size, layer._k_scale_float),
+            table_key(kv_cache.device, num_blocks, num_kv_heads, block_size, layer._v_scale_float),
+        )
+
+    def keep_hip(self, reasons: list[str]) -> None:
+        """Decide this layer for the HIP decode, for ``reasons``."""
+        self.asm_rejections = reasons
+        self.asm_binding = None
 
     def bind_asm(
         self,
@@ -110,36 +138,20 @@ class RocmAsmDecodeImpl(RocmAttentionImpl):
         kernel: AsmKernel,
         query_dtype: torch.dtype,
         max_model_len: int,
-    ) -> list[str]:
-        """Decide this layer against the rule; bind it when eligible. Returns the reasons."""
-        reasons = rejection_reasons(
-            self.layer_facts(kv_cache, query_dtype, max_model_len), kernel.table
-        )
-        self.asm_rejections = reasons
-        self._asm_context = (kernel, query_dtype, max_model_len)
-        self.asm_binding = (
-            None if reasons else self._make_binding(layer, kv_cache, kernel, query_dtype)
-        )
-        return reasons
-
-    def _make_binding(
-        self,
-        layer: torch.nn.Module,
-        kv_cache: torch.Tensor,
-        kernel: AsmKernel,
-        query_dtype: torch.dtype,
-    ) -> AsmLayerBinding:
+    ) -> None:
+        """Decide this (eligible) layer for the asm decode: make its views and tables."""
         key_cache, value_cache = self._split(kv_cache)
         key_cache = key_cache.view(self.fp8_dtype)
         # [nb, nkv, head_size, 16] is AITER's shuffled [nb, nkv, 16/16, head_size, 16].
         value_cache = value_cache.view(self.fp8_dtype).unsqueeze(2)
         k_scale, v_scale = float(layer._k_scale_float), float(layer._v_scale_float)
-        # Shaped as the kernel indexes them: K's block count, KV heads and block size.
         num_blocks, num_kv_heads, _, block_size, _ = key_cache.shape
         k_table, v_table = scale_tables(
             kv_cache.device, num_blocks, num_kv_heads, block_size, k_scale, v_scale
         )
-        return AsmLayerBinding(
+        self.asm_rejections = []
+        self._asm_context = (kernel, query_dtype, max_model_len)
+        self.asm_binding = AsmLayerBinding(
             kv_cache=kv_cache,
             key_cache=key_cache,
             value_cache=value_cache,
@@ -154,12 +166,7 @@ class RocmAsmDecodeImpl(RocmAttentionImpl):
     def _rebind(self, layer: torch.nn.Module, kv_cache: torch.Tensor) -> AsmLayerBinding | None:
         """The cache was re-bound or the scales reloaded: decide and bind the layer again."""
         assert self._asm_context is not None
-        for reason in self.bind_asm(layer, kv_cache, *self._asm_context):
-            logger.warning_once(
-                "ROCM_ATTN asm decode: after a KV cache re-bind, layers with %s keep the "
-                "HIP decode",
-                reason,
-            )
+        decide_layers([(layer, kv_cache)], *self._asm_context, when="after a KV cache re-bind")
         return self.asm_binding
 
     def _binding_for_call(
@@ -308,21 +315,94 @@ class RocmAsmDecodeMetadataBuilder(RocmAttentionMetadataBuilder):
         compute_units = num_compute_units()
         self.asm_cut = resolve_cut(compute_units)
         model_config = self.vllm_config.model_config
-        eligible = 0
         for layer in layers:
-            impl = layer.impl
-            if impl.attn_type != AttentionType.DECODER:
+            if layer.impl.attn_type != AttentionType.DECODER:
                 # Encoder attention has no paged KV cache to decode from.
-                impl.asm_rejections = reasons = ["not decoder self-attention"]
-            else:
-                reasons = impl.bind_asm(
-                    layer, layer.kv_cache, kernel, model_config.dtype, model_config.max_model_len
-                )
-            for reason in reasons:
+                layer.impl.keep_hip(["not decoder self-attention"])
+        eligible = decide_layers(
+            [(layer, layer.kv_cache) for layer in cached],
+            kernel,
+            model_config.dtype,
+            model_config.max_model_len,
+        )
+        for layer in layers:
+            for reason in layer.impl.asm_rejections or ():
                 logger.info_once("ROCM_ATTN asm decode: layers with %s keep the HIP decode", reason)
-            eligible += not reasons
         self.asm_eligible_layers = eligible
         _announce(self, arch, compute_units, eligible, len(layers), model_config.max_model_len)
+
+
+def decide_layers(
+    entries: list[tuple[torch.nn.Module, torch.Tensor]],
+    kernel: AsmKernel,
+    query_dtype: torch.dtype,
+    max_model_len: int,
+    when: str | None = None,
+) -> int:
+    """Decide decoder layers (with their bound caches) for asm or HIP; returns how many
+    are bound for asm.
+
+    Each layer is checked against the rule; the scale tables of those that pass are
+    budgeted against one free-memory reading of their device, in layer order, and the
+    layers whose tables do not fit keep the HIP decode too. ``when`` (e.g. after a
+    re-bind) makes every reason a warning that says so.
+    """
+    candidates = []
+    for layer, kv_cache in entries:
+        impl = layer.impl
+        reasons = rejection_reasons(
+            impl.layer_facts(kv_cache, query_dtype, max_model_len), kernel.table, kernel.aiter
+        )
+        if reasons:
+            impl.keep_hip(reasons)
+        else:
+            candidates.append((layer, kv_cache))
+    if candidates:
+        device = candidates[0][1].device
+        budget = fit_tables(
+            [layer.impl.scale_table_keys(layer, kv_cache) for layer, kv_cache in candidates],
+            free_device_memory(device),
+            existing_tables(),
+        )
+        kv_bytes = sum(
+            {kv.data_ptr(): kv.numel() * kv.element_size() for _, kv in entries}.values()
+        )
+        logger.info(
+            "ROCM_ATTN asm decode: %d scale table(s) for %d layer(s), %s, %.3f %% of their "
+            "KV cache",
+            budget.tables,
+            len(candidates),
+            mib(budget.bytes),
+            100 * budget.bytes / max(kv_bytes, 1),
+        )
+        no_room = (
+            f"scale tables that do not fit in free device memory ({mib(budget.free or 0)} "
+            f"free on {device}, {mib(budget.margin)} kept spare)"
+        )
+        for (layer, kv_cache), fits in zip(candidates, budget.fits, strict=True):
+            if fits:
+                layer.impl.bind_asm(layer, kv_cache, kernel, query_dtype, max_model_len)
+            else:
+                layer.impl.keep_hip([no_room])
+    hint = False
+    for layer, kv_cache in entries:
+        reasons = layer.impl.asm_rejections or []
+        if when is not None:
+            for reason in reasons:
+                logger.warning_once(
+                    "ROCM_ATTN asm decode: %s, layers with %s keep the HIP decode", when, reason
+                )
+        problem = kernel.aiter.block_id_problem(layer.impl._split(kv_cache)[0].shape[0])
+        hint = hint or (problem is not None and problem in reasons)
+    if hint:
+        logger.warning_once(
+            "ROCM_ATTN asm decode: if `vllm-rocm-asm-decode doctor` passes its block-id probe "
+            "on this GPU, %s=1 lets caches of more than %d blocks use the asm decode with "
+            "this AITER",
+            settings.TRUST_ENV,
+            BLOCK_ID_LIMIT,
+        )
+    return sum(layer.impl.asm_binding is not None for layer, _ in entries)
 
 
 def _announce(
@@ -344,7 +424,7 @@ def _announce(
         "HIP decode",
         eligible,
         total,
-        arch,
+        arch or "an unknown GPU architecture",
         builder.asm_cut,
         describe_cut(compute_units),
         ULTRA_PRECISION,

@@ -21,6 +21,8 @@ The asm kernel's binary is not readable, so this model encodes what is known of 
   for it.
 * The batch is ``context_lens.size(0)``. Sequences of length 0 (CUDA-graph padding) are
   not computed and their output rows are left as they were.
+* ``block_id_mask`` models AITER before 0.1.17, whose kernels read block id ``b`` as
+  ``b & 0xFFFF`` (pass ``0xFFFF``); the default models the fixed kernels.
 
 Numerics are fp32 math on dequantized values rounded once to the query dtype: the model
 checks layout and semantics, not the kernel's precision modes.
@@ -52,8 +54,9 @@ def _dense(t: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
 class PagedAttentionAsmModel:
     """Callable with ``aiter.pa_fwd_asm``'s signature; see the module docstring."""
 
-    def __init__(self, table: KernelTable) -> None:
+    def __init__(self, table: KernelTable, block_id_mask: int | None = None) -> None:
         self.table = table
+        self.block_id_mask = block_id_mask
 
     def __call__(
         self,
@@ -84,6 +87,7 @@ class PagedAttentionAsmModel:
             V_QScale,
             output,
             fp8=row.kv_type == "fp8",
+            block_id_mask=self.block_id_mask,
         )
         return output
 
@@ -145,6 +149,7 @@ class PagedAttentionAsmModel:
         v_scale: torch.Tensor | None,
         out: torch.Tensor,
         fp8: bool,
+        block_id_mask: int | None = None,
     ) -> None:
         batch = context_lens.size(0)
         num_heads, head_size = Q.size(1), Q.size(2)
@@ -175,6 +180,8 @@ class PagedAttentionAsmModel:
                 continue
             n_pages = (ctx + block_size - 1) // block_size
             pages = bt_rows[i, :n_pages].long()
+            if block_id_mask is not None:
+                pages = pages & block_id_mask
             # K: [pages, kvh, hd/x, bs, x] -> [kvh, tokens, hd]
             k = k_pages[pages].float().permute(1, 0, 3, 2, 4)
             k = k.reshape(num_kv_heads, n_pages * block_size, head_size)

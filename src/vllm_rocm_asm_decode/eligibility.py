@@ -11,12 +11,16 @@ from dataclasses import dataclass
 
 import torch
 
+from .aiter_version import AiterBuild
 from .kernel_table import ULTRA_PRECISION, KernelTable, dtype_name
 
 #: The launcher passes the kernel no other head size.
 ASM_HEAD_SIZE = 128
-#: The shipped fp8 ultra-precision kernels exist for 16-token blocks only; at 16 tokens
-#: vLLM's V page is byte for byte AITER's shuffled V, so no relayout is needed.
+#: The shipped fp8 ultra-precision kernels exist for 16-token blocks only. At fp8 and 16
+#: tokens, vLLM's V page ``[head_size, 16]`` and the interleaved V page the fused RoPE +
+#: cache writer stores after ``set_interleaved_v_cache()`` (``[16/16, head_size, 16]``)
+#: are both byte for byte AITER's shuffled V, so no relayout is needed either way; at
+#: any other block size or element width the plain V page is not, and is refused here.
 ASM_BLOCK_SIZE = 16
 #: Longest model context the replaced HIP kernel serves (``use_rocm_custom_paged_attention``).
 MAX_MODEL_LEN = 131072
@@ -47,6 +51,9 @@ class LayerFacts:
     decoder_self_attention: bool
     native_kv_layout: bool
     max_model_len: int
+    #: Blocks in the layer's KV cache; None where not known yet (``plan`` without
+    #: ``--num-gpu-blocks``), which leaves the block-id clause undecided.
+    num_blocks: int | None = None
 
 
 def hardcoded_softmax_scale(head_size: int) -> float:
@@ -54,7 +61,7 @@ def hardcoded_softmax_scale(head_size: int) -> float:
     return float(torch.tensor(1.0 / math.sqrt(head_size), dtype=torch.float32))
 
 
-def rejection_reasons(facts: LayerFacts, kernels: KernelTable) -> list[str]:
+def rejection_reasons(facts: LayerFacts, kernels: KernelTable, aiter: AiterBuild) -> list[str]:
     """Why this layer cannot run the asm decode; empty when it can."""
     f = facts
     reasons: list[str] = []
@@ -73,6 +80,9 @@ def rejection_reasons(facts: LayerFacts, kernels: KernelTable) -> list[str]:
         reasons.append(f"block size {f.block_size} (asm decode needs 16-token blocks)")
     if f.num_kv_heads <= 0 or f.num_heads % f.num_kv_heads:
         reasons.append(f"{f.num_heads} query heads over {f.num_kv_heads} KV heads")
+    elif not kernels.arch:
+        # The launcher picks from the table of the arch it runs on; none is known here.
+        reasons.append("an unknown GPU architecture (neither vLLM nor torch names it)")
     elif q_ok and f.block_size == ASM_BLOCK_SIZE:
         # Launcher: no table row -> hard error. Asked for exactly as the call will ask.
         gqa = f.num_heads // f.num_kv_heads
@@ -85,6 +95,9 @@ def rejection_reasons(facts: LayerFacts, kernels: KernelTable) -> list[str]:
         )
         if row is None:
             reasons.append(f"GQA {gqa} has no ultra-precision asm kernel on {kernels.arch}")
+        elif (missing := kernels.missing_file(row)) is not None:
+            # Launcher: loads the row's .co file at the first call -> hard error if absent.
+            reasons.append(f"kernel file {missing} not installed (listed in pa_asm.csv)")
     # Launcher: the softmax scale is hardcoded to 1/sqrt(head_size).
     expected = hardcoded_softmax_scale(f.head_size)
     if not math.isclose(f.scale, expected, rel_tol=SCALE_RTOL):
@@ -107,4 +120,7 @@ def rejection_reasons(facts: LayerFacts, kernels: KernelTable) -> list[str]:
     # Envelope of the HIP kernel it replaces.
     if f.max_model_len > MAX_MODEL_LEN:
         reasons.append(f"max_model_len {f.max_model_len} > {MAX_MODEL_LEN}")
+    # AITER before 0.1.17 reads block ids >= 65536 as id & 0xFFFF, silently.
+    if f.num_blocks is not None and (problem := aiter.block_id_problem(f.num_blocks)):
+        reasons.append(problem)
     return reasons

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
+from . import settings
+from .aiter_version import AiterBuild
 from .kernel_table import KernelTable, load_table, normalize_arch
 
 #: Keywords the call passes. AITER releases before ``block_tables_stride0`` took a
@@ -40,15 +42,37 @@ class AsmKernel:
 
     run: Callable[..., torch.Tensor]
     table: KernelTable
+    #: The installed AITER's version and whether block ids >= 65536 are trusted.
+    aiter: AiterBuild
     #: Set when the installed table could not be read and the built-in fallback is used.
     table_note: str | None = None
 
 
 def current_arch() -> str:
-    """The running GPU's architecture name as vLLM resolved it (e.g. ``gfx950``)."""
+    """The running GPU's architecture (e.g. ``gfx950``): vLLM's resolved name, else the
+    one torch reports for device 0, else ``""`` (unknown)."""
     from vllm.platforms import rocm
 
-    return normalize_arch(getattr(rocm, "_GCN_ARCH", ""))
+    arch = normalize_arch(getattr(rocm, "_GCN_ARCH", "") or "")
+    if arch:
+        return arch
+    try:
+        return normalize_arch(torch.cuda.get_device_properties(0).gcnArchName or "")
+    except Exception:  # no GPU, a torch without ROCm, or no gcnArchName
+        return ""
+
+
+def asm_dir() -> str | None:
+    """Where AITER's kernels are installed: ``$AITER_ASM_DIR`` (``aiter.jit.core`` sets
+    it on import), else that module's constant."""
+    found = os.environ.get("AITER_ASM_DIR")
+    if found:
+        return found
+    try:
+        from aiter.jit import core
+    except Exception:
+        return None
+    return getattr(core, "AITER_ASM_DIR", None)
 
 
 def signature_problem(fn: Callable[..., object]) -> str | None:
@@ -79,13 +103,6 @@ def load_asm_kernel(arch: str) -> tuple[AsmKernel | None, str | None]:
     problem = signature_problem(fn)
     if problem is not None:
         return None, problem
-    # aiter.jit.core sets AITER_ASM_DIR when aiter is imported; read its constant otherwise.
-    asm_dir = os.environ.get("AITER_ASM_DIR")
-    if not asm_dir:
-        try:
-            from aiter.jit import core
-        except Exception:
-            core = None
-        asm_dir = getattr(core, "AITER_ASM_DIR", None)
-    table, note = load_table(asm_dir, arch)
-    return AsmKernel(run=fn, table=table, table_note=note), None
+    table, note = load_table(asm_dir(), arch)
+    aiter_build = AiterBuild.installed(trusted=settings.trust_aiter())
+    return AsmKernel(run=fn, table=table, aiter=aiter_build, table_note=note), None

@@ -68,6 +68,17 @@ class KernelTable:
     arch: str
     rows: tuple[KernelRow, ...]
     source: str
+    #: The directory the rows' ``.co`` files load from; None for the built-in fallback.
+    kernel_dir: str | None = None
+    #: ``co_name`` of every row whose file is not in ``kernel_dir`` (checked once, at load).
+    missing_files: frozenset[str] = frozenset()
+
+    def missing_file(self, row: KernelRow) -> str | None:
+        """The path of ``row``'s kernel file when it is not installed; None when it is
+        (or when the table is the built-in fallback, which names no files)."""
+        if self.kernel_dir is None or row.co_name not in self.missing_files:
+            return None
+        return str(Path(self.kernel_dir) / row.co_name)
 
     def find(
         self,
@@ -148,8 +159,14 @@ def fallback_table(arch: str) -> KernelTable:
 
 
 def load_table(asm_dir: str | os.PathLike[str] | None, arch: str) -> tuple[KernelTable, str | None]:
-    """The table for ``arch`` under ``asm_dir``, or the built-in fallback and why it was used."""
+    """The table for ``arch`` under ``asm_dir``, or the built-in fallback and why it was used.
+
+    The launcher loads a row's kernel from ``co_name`` in the table's directory; rows whose
+    file is absent (an AITER built for other GPUs) are recorded in ``missing_files``.
+    """
     arch = normalize_arch(arch)
+    if not arch:
+        return fallback_table(arch), "the GPU architecture is unknown"
     if not asm_dir:
         return fallback_table(arch), "AITER_ASM_DIR is not set"
     path = table_path(asm_dir, arch)
@@ -158,4 +175,13 @@ def load_table(asm_dir: str | os.PathLike[str] | None, arch: str) -> tuple[Kerne
             rows = parse_table(f)
     except (OSError, ValueError) as exc:
         return fallback_table(arch), f"cannot read {path}: {exc}"
-    return KernelTable(arch=arch, rows=rows, source=str(path)), None
+    kernel_dir = path.parent
+    missing = frozenset(r.co_name for r in rows if not (kernel_dir / r.co_name).is_file())
+    table = KernelTable(
+        arch=arch,
+        rows=rows,
+        source=str(path),
+        kernel_dir=str(kernel_dir),
+        missing_files=missing,
+    )
+    return table, None

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .aiter_version import AiterBuild
 from .decision import default_cut, describe_cut, resolve_cut, step_uses_asm
 from .eligibility import VALIDATED_CONTEXT, LayerFacts, rejection_reasons
 from .kernel_table import KernelTable, fallback_table
@@ -260,7 +261,7 @@ def make_plan(
         model_config, tp=tensor_parallel_size, kv_cache_dtype=kv_cache_dtype, block_size=block_size
     )
     table = kernel_table_for(the_gpu.arch)
-    per_layer = [rejection_reasons(f, table) for f in facts]
+    per_layer = [rejection_reasons(f, table, AiterBuild.installed()) for f in facts]
     eligible = [not r for r in per_layer]
     groups: dict[tuple[str, ...], list[int]] = {}
     for i, reasons in enumerate(per_layer):

@@ -22,9 +22,8 @@ def inactive_reason() -> str | None:
 
     Raises :class:`~vllm_rocm_asm_decode.settings.SettingError` on a bad setting.
     """
-    enabled = settings.asm_decode_switch()
-    settings.cut_override()  # a bad cut is a startup error even where the plugin is off
-    if not enabled:
+    settings.check_all()  # a bad value is a startup error even where the plugin is off
+    if not settings.asm_decode_switch():
         return f"{settings.SWITCH_ENV}=0"
     from vllm.platforms import current_platform
 

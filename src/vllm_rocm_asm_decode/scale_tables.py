@@ -5,9 +5,17 @@ block_size]`` tables; vLLM's fp8 cache has one scale per tensor. vLLM's
 ``AsmKvScaleTables`` keeps one constant table per distinct (device, shape, scale),
 and this module uses the very instance ``ROCM_AITER_FA``'s builder holds, so every
 layer, builder and backend with equal scales shares one allocation.
+
+Tables are allocated after vLLM has sized the KV cache, so they are budgeted first
+(:func:`fit_tables`): with calibrated per-layer KV scales every layer needs a K and a V
+table of its own (about 3 % of the KV cache), which a high ``--gpu-memory-utilization``
+may not leave room for. Layers whose tables do not fit keep the HIP decode.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 import torch
 from vllm.v1.attention.backends.rocm_aiter_fa import (
@@ -15,10 +23,95 @@ from vllm.v1.attention.backends.rocm_aiter_fa import (
     AsmKvScaleTables,
 )
 
+#: Free device memory kept spare after the tables: vLLM sized the KV cache before they
+#: exist, and the allocator, CUDA-graph capture and other processes need headroom.
+MEMORY_MARGIN = 512 * 1024**2
+
+#: A table as ``AsmKvScaleTables`` keys it: (device, num_blocks, num_kv_heads,
+#: block_size, scale). Should vLLM change its key, existing tables are not recognised
+#: and merely counted again (a conservative budget, never a missed allocation).
+TableKey = tuple[str, int, int, int, float]
+
 
 def shared_scale_tables() -> AsmKvScaleTables:
     """The process-wide table store (``ROCM_AITER_FA``'s builder's class attribute)."""
     return AiterFlashAttentionMetadataBuilder.asm_kv_scale_tables
+
+
+def table_key(
+    device: torch.device, num_blocks: int, num_kv_heads: int, block_size: int, scale: float
+) -> TableKey:
+    return (str(device), num_blocks, num_kv_heads, block_size, scale)
+
+
+def table_bytes(key: TableKey) -> int:
+    _, num_blocks, num_kv_heads, block_size, _ = key
+    return num_blocks * num_kv_heads * block_size * 4  # fp32
+
+
+def free_device_memory(device: torch.device) -> int | None:
+    """Free bytes on ``device`` (one ``torch.cuda.mem_get_info``), or None where the
+    device reports no figure (the CPU)."""
+    try:
+        free, _total = torch.cuda.mem_get_info(device)
+    except Exception:  # not a GPU device, or no GPU runtime
+        return None
+    return int(free)
+
+
+@dataclass(frozen=True)
+class TableBudget:
+    """The tables a set of layers needs, and which layers get theirs."""
+
+    #: Distinct tables the layers need (already allocated ones included).
+    tables: int
+    #: Their bytes.
+    bytes: int
+    #: Bytes of those not allocated yet.
+    new_bytes: int
+    #: Per requesting layer, in order: whether its tables fit.
+    fits: list[bool]
+    #: Free device memory at the check; None when the device reports none.
+    free: int | None
+    margin: int
+
+
+def fit_tables(
+    requests: Sequence[tuple[TableKey, TableKey]],
+    free: int | None,
+    existing: Iterable[TableKey] = (),
+    margin: int = MEMORY_MARGIN,
+) -> TableBudget:
+    """Budget each layer's (K, V) tables, in order, against ``free - margin`` bytes.
+
+    Tables that exist already, or that an earlier layer in ``requests`` gets, cost nothing
+    more; a layer fits when the tables it adds fit in what is left. ``free=None`` (no
+    memory figure) lets every layer fit.
+    """
+    have = set(existing)
+    left = None if free is None else free - margin
+    needed: set[TableKey] = set()
+    new_bytes = 0
+    fits = []
+    for keys in requests:
+        needed.update(keys)
+        adds = {key for key in keys if key not in have}
+        cost = sum(table_bytes(key) for key in adds)
+        ok = left is None or cost <= left
+        if ok:
+            have |= adds
+            new_bytes += cost
+            if left is not None:
+                left -= cost
+        fits.append(ok)
+    return TableBudget(
+        tables=len(needed),
+        bytes=sum(table_bytes(key) for key in needed),
+        new_bytes=new_bytes,
+        fits=fits,
+        free=free,
+        margin=margin,
+    )
 
 
 def scale_tables(
@@ -35,3 +128,12 @@ def scale_tables(
         store.get(device, num_blocks, num_kv_heads, block_size, k_scale),
         store.get(device, num_blocks, num_kv_heads, block_size, v_scale),
     )
+
+
+def existing_tables() -> list[TableKey]:
+    """Keys of the tables the shared store already holds."""
+    return list(shared_scale_tables().tables)
+
+
+def mib(num_bytes: int) -> str:
+    return f"{num_bytes / 1024**2:.1f} MiB"

@@ -5,6 +5,10 @@
                               changes other vLLM choices; this switch changes nothing else.
 ``VLLM_ROCM_ASM_DECODE_CUT``  Query heads per step above which a pure-decode batch runs
                               the asm kernel. Default: ``2 x compute units`` of the GPU.
+``VLLM_ROCM_ASM_DECODE_TRUST_AITER``
+                              0 (default) / 1: take the installed AITER as reading KV
+                              block ids >= 65536 right whatever its version says (for a
+                              build whose block-id probe ``doctor`` has passed).
 
 A value that is not understood is an error that names the variable and the value: a
 typo must not silently change which kernel serves traffic.
@@ -16,6 +20,7 @@ import os
 
 SWITCH_ENV = "VLLM_ROCM_ASM_DECODE"
 CUT_ENV = "VLLM_ROCM_ASM_DECODE_CUT"
+TRUST_ENV = "VLLM_ROCM_ASM_DECODE_TRUST_AITER"
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
@@ -25,19 +30,38 @@ class SettingError(ValueError):
     """An environment variable of this plugin has a value it does not accept."""
 
 
-def asm_decode_switch() -> bool:
-    """``VLLM_ROCM_ASM_DECODE``: True unless set to a false value."""
-    raw = os.environ.get(SWITCH_ENV)
+def _flag(name: str, default: bool, meaning: str) -> bool:
+    raw = os.environ.get(name)
     if raw is None or raw.strip() == "":
-        return True
+        return default
     value = raw.strip().lower()
     if value in _TRUE:
         return True
     if value in _FALSE:
         return False
-    raise SettingError(
-        f"{SWITCH_ENV}={raw!r} is not understood; use 1 (asm decode on, the default) or 0 (off)"
+    raise SettingError(f"{name}={raw!r} is not understood; use {meaning}")
+
+
+def asm_decode_switch() -> bool:
+    """``VLLM_ROCM_ASM_DECODE``: True unless set to a false value."""
+    return _flag(SWITCH_ENV, True, "1 (asm decode on, the default) or 0 (off)")
+
+
+def trust_aiter() -> bool:
+    """``VLLM_ROCM_ASM_DECODE_TRUST_AITER``: False unless set to a true value."""
+    return _flag(
+        TRUST_ENV,
+        False,
+        "1 (trust the installed AITER with KV block ids >= 65536) or 0 (the default: "
+        "trust only AITER 0.1.17 and later)",
     )
+
+
+def check_all() -> None:
+    """Parse every setting; raises :class:`SettingError` on the first bad one."""
+    asm_decode_switch()
+    cut_override()
+    trust_aiter()
 
 
 def cut_override() -> int | None:

@@ -4,13 +4,16 @@ The oracle below restates the SPEC's conditions independently of the code under 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from vllm_rocm_asm_decode.aiter_version import AiterBuild
 from vllm_rocm_asm_decode.decision import call_uses_asm, step_uses_asm
 from vllm_rocm_asm_decode.eligibility import LayerFacts, rejection_reasons
 from vllm_rocm_asm_decode.kernel_table import fallback_table, load_table
@@ -18,6 +21,23 @@ from vllm_rocm_asm_decode.kernel_table import fallback_table, load_table
 HSA = Path(__file__).resolve().parents[1] / "standins" / "kernels" / "aiter" / "hsa"
 TABLES = {arch: load_table(HSA, arch)[0] for arch in ("gfx942", "gfx950")}
 TABLES["gfx1250"] = fallback_table("gfx1250")
+TABLES[""] = fallback_table("")  # neither vLLM nor torch named the arch
+#: gfx950's table as an AITER built for other GPUs installs it: rows, but no .co files.
+TABLES["gfx950-no-files"] = dataclasses.replace(
+    TABLES["gfx950"], missing_files=frozenset(r.co_name for r in TABLES["gfx950"].rows)
+)
+#: The versions sampled, and whether each carries the block-id fix (AITER 0.1.17, PR 3211).
+AITER_VERSIONS = {
+    None: False,  # unknown counts as unfixed
+    "0.1.0": False,  # a build without git metadata
+    "0.1.7.post2.dev18": False,  # the only amd-aiter release on PyPI
+    "0.1.16.post5": False,
+    "0.1.17rc0": False,  # pre-releases sort before 0.1.17
+    "0.1.17": True,
+    "0.1.20": True,
+    "0.1.27": True,
+    "not-a-version": False,
+}
 
 SCALES = [
     128**-0.5,
@@ -47,10 +67,14 @@ facts_strategy = st.builds(
     decoder_self_attention=st.booleans(),
     native_kv_layout=st.booleans(),
     max_model_len=st.sampled_from([4096, 40960, 131072, 131073, 262144]),
+    num_blocks=st.sampled_from([None, 256, 65536, 65537, 183104]),
+)
+aiter_strategy = st.builds(
+    AiterBuild, version=st.sampled_from(list(AITER_VERSIONS)), trusted=st.booleans()
 )
 
 
-def oracle_layer_ok(f: LayerFacts, arch: str) -> bool:
+def oracle_layer_ok(f: LayerFacts, arch: str, aiter: AiterBuild) -> bool:
     gqa = f.num_heads / f.num_kv_heads
     return (
         f.kv_cache_dtype in ("fp8", "fp8_e4m3")
@@ -59,12 +83,18 @@ def oracle_layer_ok(f: LayerFacts, arch: str) -> bool:
         and f.query_dtype in (torch.bfloat16, torch.float16)
         and gqa == int(gqa)
         and 1 <= gqa <= 8
-        and arch in ("gfx942", "gfx950")
+        and arch in ("gfx942", "gfx950")  # with the kernel files installed
         and abs(f.scale - 1 / math.sqrt(128)) < 1e-6 * 0.0884
         and not (f.sliding_window or f.alibi or f.logits_soft_cap or f.sinks)
         and f.decoder_self_attention
         and f.native_kv_layout
         and f.max_model_len <= 131072
+        and (
+            f.num_blocks is None
+            or f.num_blocks <= 65536
+            or aiter.trusted
+            or AITER_VERSIONS[aiter.version]
+        )
     )
 
 
@@ -72,6 +102,7 @@ def oracle_layer_ok(f: LayerFacts, arch: str) -> bool:
 @given(
     facts=facts_strategy,
     arch=st.sampled_from(sorted(TABLES)),
+    aiter=aiter_strategy,
     max_query_len=st.integers(1, 4),
     num_tokens=st.integers(1, 600),
     padding_reqs=st.integers(0, 2),
@@ -80,10 +111,10 @@ def oracle_layer_ok(f: LayerFacts, arch: str) -> bool:
     call_query_fp8=st.booleans(),
 )
 def test_asm_iff_every_condition_holds(
-    facts, arch, max_query_len, num_tokens, padding_reqs, cut, output_quant, call_query_fp8
+    facts, arch, aiter, max_query_len, num_tokens, padding_reqs, cut, output_quant, call_query_fp8
 ):
     num_reqs = num_tokens + padding_reqs if max_query_len == 1 else max(1, num_tokens // 2)
-    layer_ok = not rejection_reasons(facts, TABLES[arch])
+    layer_ok = not rejection_reasons(facts, TABLES[arch], aiter)
     step = step_uses_asm(
         max_query_len=max_query_len,
         num_tokens=num_tokens,
@@ -98,7 +129,7 @@ def test_asm_iff_every_condition_holds(
         tensors_ok=not call_query_fp8,
     )
     expected = (
-        oracle_layer_ok(facts, arch)
+        oracle_layer_ok(facts, arch, aiter)
         and max_query_len == 1
         and num_reqs == num_tokens
         and num_tokens * facts.num_heads > cut
@@ -106,12 +137,15 @@ def test_asm_iff_every_condition_holds(
         and not call_query_fp8
     )
     assert chosen == expected
-    assert layer_ok == oracle_layer_ok(facts, arch)
+    assert layer_ok == oracle_layer_ok(facts, arch, aiter)
+
+
+UNFIXED = AiterBuild("0.1.16.post5")
 
 
 @given(facts=facts_strategy)
 def test_every_rejection_names_its_reason(facts):
-    reasons = rejection_reasons(facts, TABLES["gfx950"])
+    reasons = rejection_reasons(facts, TABLES["gfx950"], UNFIXED)
     assert all(isinstance(r, str) and r for r in reasons)
     if facts.kv_cache_dtype == "fp8_e5m2":
         assert any("fp8_e5m2" in r for r in reasons)
@@ -119,6 +153,13 @@ def test_every_rejection_names_its_reason(facts):
         assert any("sinks" in r for r in reasons)
     if not facts.decoder_self_attention:
         assert any("decoder self-attention" in r for r in reasons)
+    if facts.num_blocks is not None and facts.num_blocks > 65536:
+        assert f"this cache has {facts.num_blocks} blocks" in reasons[-1]
+
+
+LLAMA = LayerFacts(
+    "fp8", 16, 128, 32, 8, torch.bfloat16, 128**-0.5, False, False, 0.0, False, True, True, 8192
+)
 
 
 def test_llama_and_qwen3_scales_pass_but_gemma_does_not():
@@ -139,9 +180,11 @@ def test_llama_and_qwen3_scales_pass_but_gemma_does_not():
         40960,
     )
     assert 128**-0.5 != 1 / math.sqrt(128)  # the last-bit difference the rule tolerates
-    assert rejection_reasons(base, TABLES["gfx950"]) == []
+    assert rejection_reasons(base, TABLES["gfx950"], UNFIXED) == []
     gemma = LayerFacts(**{**base.__dict__, "scale": 256**-0.5})
-    assert rejection_reasons(gemma, TABLES["gfx950"]) == ["softmax scale 0.0625 != 1/sqrt(128)"]
+    assert rejection_reasons(gemma, TABLES["gfx950"], UNFIXED) == [
+        "softmax scale 0.0625 != 1/sqrt(128)"
+    ]
 
 
 def test_step_cut_is_strictly_above():
@@ -168,7 +211,7 @@ def test_every_failed_clause_is_reported_not_just_the_first():
         False,
         262144,
     )
-    reasons = rejection_reasons(facts, TABLES["gfx950"])
+    reasons = rejection_reasons(facts, TABLES["gfx950"], UNFIXED)
     for part in (
         "fp8_e5m2",
         "torch.float32 query",
@@ -180,3 +223,50 @@ def test_every_failed_clause_is_reported_not_just_the_first():
     ):
         assert any(part in r for r in reasons), (part, reasons)
     assert len(reasons) == 7
+
+
+@pytest.mark.parametrize(
+    ("version", "num_blocks", "expected"),
+    [
+        (
+            "0.1.16.post5",
+            183104,
+            "AITER 0.1.16.post5 misreads KV blocks >= 65536 (fixed in 0.1.17); "
+            "this cache has 183104 blocks",
+        ),
+        (
+            None,
+            65537,
+            "AITER of unknown version may misread KV blocks >= 65536 (fixed in 0.1.17); "
+            "this cache has 65537 blocks",
+        ),
+        (
+            "0.1.0",
+            70000,
+            "AITER 0.1.0 misreads KV blocks >= 65536 (fixed in 0.1.17; 0.1.0 is what a "
+            "build without git metadata reports); this cache has 70000 blocks",
+        ),
+        ("0.1.16.post5", 65536, None),  # ids 0..65535 all read right
+        ("0.1.20", 183104, None),
+    ],
+    ids=["old", "unknown", "scm-fallback", "small-pool", "fixed"],
+)
+def test_block_id_clause_names_version_bug_fix_and_block_count(version, num_blocks, expected):
+    facts = dataclasses.replace(LLAMA, num_blocks=num_blocks)
+    reasons = rejection_reasons(facts, TABLES["gfx950"], AiterBuild(version))
+    assert reasons == ([expected] if expected else [])
+    trusted = rejection_reasons(facts, TABLES["gfx950"], AiterBuild(version, trusted=True))
+    assert trusted == []
+
+
+def test_missing_kernel_file_is_named():
+    reasons = rejection_reasons(LLAMA, TABLES["gfx950-no-files"], UNFIXED)
+    hsa = HSA / "gfx950" / "pa"
+    assert reasons == [
+        f"kernel file {hsa / 'standin_bf16_fp8_gqa8_hp2.co'} not installed (listed in pa_asm.csv)"
+    ]
+
+
+def test_unknown_arch_says_so_instead_of_naming_an_empty_one():
+    reasons = rejection_reasons(LLAMA, TABLES[""], UNFIXED)
+    assert reasons == ["an unknown GPU architecture (neither vLLM nor torch names it)"]
