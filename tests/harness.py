@@ -28,6 +28,7 @@ from vllm_rocm_asm_decode.testbed import (  # noqa: F401 - the tests use them vi
     reference,
     run_layer,
     set_layer_scales,
+    store_fp8_keys,
     store_fp8_tokens,
     write_model_dir,
 )
@@ -48,7 +49,24 @@ class KernelLog:
 KERNELS = KernelLog()
 
 
-def _gather_kv(key_cache, value_cache, block_row, seq_len, k_scale, v_scale, fp8_dtype):
+def interleaved_v_pages(value_cache: torch.Tensor) -> torch.Tensor:
+    """vLLM's V view ``[nb, nkv, hd, bs]`` re-read as the interleaved V the fused RoPE +
+    cache writer stores after ``set_interleaved_v_cache()``: each page
+    ``[bs/x, hd, x]`` with ``x = 16 / element size`` (token slot ``s`` of dim ``d`` at
+    ``(s // x, d, s % x)``), through the view's real block and head strides."""
+    nb, nkv, hd, bs = value_cache.shape
+    x = 16 // value_cache.element_size()
+    return torch.as_strided(
+        value_cache,
+        (nb, nkv, bs // x, hd, x),
+        (value_cache.stride(0), value_cache.stride(1), hd * x, x, 1),
+        value_cache.storage_offset(),
+    )
+
+
+def _gather_kv(
+    key_cache, value_cache, block_row, seq_len, k_scale, v_scale, fp8_dtype, interleaved=False
+):
     """[nkv, seq_len, hd] K and V of one sequence, dequantized to fp32, via real strides."""
     bs = value_cache.shape[3]
     n_pages = (seq_len + bs - 1) // bs
@@ -59,7 +77,11 @@ def _gather_kv(key_cache, value_cache, block_row, seq_len, k_scale, v_scale, fp8
     k = kc[pages].float()  # [p, nkv, hd/x, bs, x]
     nkv = k.shape[1]
     k = k.permute(1, 0, 3, 2, 4).reshape(nkv, n_pages * bs, -1)[:, :seq_len]
-    v = vc[pages].float().permute(1, 0, 3, 2).reshape(nkv, n_pages * bs, -1)[:, :seq_len]
+    if interleaved:  # [p, nkv, bs/x, hd, x] -> [nkv, p, bs/x, x, hd]
+        v = interleaved_v_pages(vc)[pages].float().permute(1, 0, 2, 4, 3)
+    else:  # [p, nkv, hd, bs] -> [nkv, p, bs, hd]
+        v = vc[pages].float().permute(1, 0, 3, 2)
+    v = v.reshape(nkv, n_pages * bs, -1)[:, :seq_len]
     return k * float(k_scale), v * float(v_scale)
 
 
@@ -90,7 +112,6 @@ def hip_decode_reference(
     from vllm.platforms import current_platform
 
     KERNELS.hip_decode += 1
-    assert not use_interleaved_v_cache
     qsl = query_start_loc.tolist() if query_start_loc is not None else None
     for i, seq_len in enumerate(seq_lens.tolist()):
         row = qsl[i] if qsl is not None else i
@@ -106,6 +127,7 @@ def hip_decode_reference(
             k_scale,
             v_scale,
             current_platform.fp8_dtype(),
+            interleaved=use_interleaved_v_cache,
         )
         q = query[row].float().view(num_kv_heads, -1, query.shape[-1])
         probs = torch.softmax(torch.einsum("hgd,htd->hgt", q, k) * scale, dim=-1)
@@ -148,7 +170,14 @@ def prefill_reference(
         if qlen == 0 or (skip_decode and qlen == 1):
             continue
         kk, vv = _gather_kv(
-            k_cache, v_cache, b_loc[i], seq_len, k_scale, v_scale, current_platform.fp8_dtype()
+            k_cache,
+            v_cache,
+            b_loc[i],
+            seq_len,
+            k_scale,
+            v_scale,
+            current_platform.fp8_dtype(),
+            interleaved=interleaved_v_pack_factor > 0,
         )
         nkv = kk.shape[0]
         qq = q[starts[i] : starts[i + 1]].float()  # [qlen, H, D]
@@ -175,21 +204,25 @@ def cache_writer(
     interleaved_v=False,
 ) -> None:
     """Torch stand-in for ``ops.reshape_and_cache``: quantize and store through the
-    cache's real strides (vLLM's K [nb, nkv, hd/x, bs, x] and V [nb, nkv, hd, bs])."""
+    cache's real strides (vLLM's K [nb, nkv, hd/x, bs, x] and V [nb, nkv, hd, bs], or
+    with ``interleaved_v`` the V layout of :func:`interleaved_v_pages`)."""
     from vllm.platforms import current_platform
 
     KERNELS.cache_writes += 1
-    assert not interleaved_v
     fp8 = current_platform.fp8_dtype()
     slots = slot_mapping.long()
     keep = slots >= 0
-    store_fp8_tokens(
-        key_cache,
-        value_cache,
-        slots[keep],
-        (key[keep].float() / float(k_scale)).to(fp8),
-        (value[keep].float() / float(v_scale)).to(fp8),
-    )
+    k_fp8 = (key[keep].float() / float(k_scale)).to(fp8)
+    v_fp8 = (value[keep].float() / float(v_scale)).to(fp8)
+    if not interleaved_v:
+        store_fp8_tokens(key_cache, value_cache, slots[keep], k_fp8, v_fp8)
+        return
+    store_fp8_keys(key_cache, slots[keep], k_fp8)
+    block = value_cache.shape[3]
+    blk, off = slots[keep] // block, slots[keep] % block
+    v_pages = interleaved_v_pages(value_cache.view(torch.uint8))
+    x = v_pages.shape[-1]
+    v_pages[blk, :, off // x, :, off % x] = v_fp8.view(torch.uint8)
 
 
 def install_kernel_standins(monkeypatch) -> KernelLog:

@@ -388,6 +388,16 @@ def load_checkpoint_scales(layer, k_scale: float, v_scale: float) -> None:
     method.process_weights_after_loading(layer)
 
 
+def store_fp8_keys(key_cache: torch.Tensor, slots: torch.Tensor, k_fp8: torch.Tensor) -> None:
+    """Store quantized keys ``[n, kv_heads, head]`` at cache ``slots`` through the view's
+    real strides, in vLLM's K layout ``[blocks, kv_heads, head/x, block, x]``."""
+    block, x = key_cache.shape[3], key_cache.shape[4]
+    n, kv_heads = k_fp8.shape[:2]
+    key_cache.view(torch.uint8)[slots // block, :, :, slots % block, :] = k_fp8.view(
+        torch.uint8
+    ).view(n, kv_heads, -1, x)
+
+
 def store_fp8_tokens(
     key_cache: torch.Tensor,
     value_cache: torch.Tensor,
@@ -398,10 +408,6 @@ def store_fp8_tokens(
     """Store quantized tokens ``[n, kv_heads, head]`` at cache ``slots`` through the views'
     real strides, in vLLM's layout: K ``[blocks, kv_heads, head/x, block, x]``, V
     ``[blocks, kv_heads, head, block]``."""
-    block, x = value_cache.shape[3], key_cache.shape[4]
-    blk, off = slots // block, slots % block
-    n, kv_heads = k_fp8.shape[:2]
-    key_cache.view(torch.uint8)[blk, :, :, off, :] = k_fp8.view(torch.uint8).view(
-        n, kv_heads, -1, x
-    )
-    value_cache.view(torch.uint8)[blk, :, :, off] = v_fp8.view(torch.uint8)
+    store_fp8_keys(key_cache, slots, k_fp8)
+    block = value_cache.shape[3]
+    value_cache.view(torch.uint8)[slots // block, :, :, slots % block] = v_fp8.view(torch.uint8)

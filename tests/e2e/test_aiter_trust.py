@@ -1,0 +1,255 @@
+"""What the plugin takes from the installed AITER only as far as it proves it: the version
+(block ids >= 65536), the kernel files, free memory for the scale tables, and the arch."""
+
+from __future__ import annotations
+
+import shutil
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+import harness
+from conftest import ARCH
+from rocm_emulation import COMPUTE_UNITS, KERNEL_STANDIN
+from vllm_rocm_asm_decode import scale_tables
+from vllm_rocm_asm_decode.kernel import current_arch, load_asm_kernel
+
+CUT = 2 * COMPUTE_UNITS[ARCH]
+VERSION_ENV = "ASM_DECODE_TEST_AITER_VERSION"  # the stand-in aiter's version
+#: One layer, 8 query heads over 1 KV head (GQA 8): 4 KiB per K or V page, so a pool past
+#: 65536 blocks costs ~0.6 GB, most of it never touched.
+LARGE_POOL = 70000
+HEADS, KV_HEADS = 8, 1
+
+
+@pytest.fixture
+def aiter_version(monkeypatch):
+    """Set the stand-in AITER's version (None: unknown) and read it afresh."""
+
+    def set_version(version: str | None) -> None:
+        if version is None:
+            monkeypatch.delenv(VERSION_ENV, raising=False)
+        else:
+            monkeypatch.setenv(VERSION_ENV, version)
+        load_asm_kernel.cache_clear()
+
+    monkeypatch.delenv("VLLM_ROCM_ASM_DECODE_TRUST_AITER", raising=False)
+    yield set_version
+    load_asm_kernel.cache_clear()
+
+
+def large_pool_model(tmp_path, num_blocks=LARGE_POOL):
+    return harness.build_model(
+        tmp_path, num_layers=1, num_heads=HEADS, num_kv_heads=KV_HEADS, num_blocks=num_blocks
+    )
+
+
+def decode_batch(model, seed=0):
+    """A batch just above the cut, whose block table holds ids on both sides of 65536."""
+    n = CUT // HEADS + 1
+    batch = harness.make_batch(model, [40, 70, 17] * (n // 3) + [33] * (n % 3), seed=seed)
+    harness.fill_context(model, batch)
+    return batch
+
+
+# --------------------------------------------------------------------------------------
+# AITER version: block ids >= 65536
+
+
+@pytest.mark.parametrize(
+    ("version", "num_blocks", "asm"),
+    [
+        ("0.1.16.post5", LARGE_POOL, False),
+        (None, LARGE_POOL, False),
+        ("0.1.20", LARGE_POOL, True),
+        ("0.1.16.post5", 4096, True),
+        (None, 4096, True),
+    ],
+    ids=["old-large", "unknown-large", "fixed-large", "old-small", "unknown-small"],
+)
+def test_version_clause_keeps_large_pools_off_unfixed_aiter(
+    tmp_path, kernels, plugin_log, aiter_version, version, num_blocks, asm
+):
+    aiter_version(version)
+    model = large_pool_model(tmp_path, num_blocks)
+    batch = decode_batch(model)
+    layer = model.layers[model.names[0]]
+    metadata = model.builder.build(0, batch.common)
+    assert metadata.use_asm_decode is asm
+    out = harness.run_layer(model, model.names[0], batch, metadata)
+    assert (len(harness.asm_calls()), kernels.hip_decode) == ((1, 0) if asm else (0, 1))
+    torch.testing.assert_close(
+        out.float(), harness.reference(model, batch, layer), atol=2e-2, rtol=0
+    )
+    if not asm:
+        named = f"AITER {version}" if version else "AITER of unknown version"
+        assert layer.impl.asm_rejections == [
+            f"{named} {'misreads' if version else 'may misread'} KV blocks >= 65536 "
+            f"(fixed in 0.1.17); this cache has {model.num_blocks} blocks"
+        ]
+        assert any("VLLM_ROCM_ASM_DECODE_TRUST_AITER=1" in m and "doctor" in m for m in plugin_log)
+
+
+def test_the_clause_guards_a_real_misread(tmp_path, kernels, aiter_version, monkeypatch):
+    """With the clause overridden, the stand-in 0.1.16.post5 kernel (which reads block id b
+    as b & 0xFFFF, as AITER did) answers wrong for sequences with blocks >= 65536, and a
+    0.1.20 kernel answers right: what the trust switch is for, and why it defaults off."""
+    monkeypatch.setenv("VLLM_ROCM_ASM_DECODE_TRUST_AITER", "1")
+    model = large_pool_model(tmp_path)
+    batch = decode_batch(model)
+    layer = model.layers[model.names[0]]
+    high = [bool((row >= 65536).any()) for row in batch.block_table]
+    assert any(high) and not all(high)
+    ref = harness.reference(model, batch, layer)
+    errors = {}
+    for version in ("0.1.16.post5", "0.1.20"):
+        aiter_version(version)
+        model.builder.asm_layers_bound = False  # decide again with this AITER
+        metadata = model.builder.build(0, batch.common)
+        assert metadata.use_asm_decode
+        out = harness.run_layer(model, model.names[0], batch, metadata)
+        errors[version] = (out.float() - ref).abs().amax(dim=(1, 2))
+    wrong = errors["0.1.16.post5"] > 0.1
+    assert wrong.tolist() == high
+    assert float(errors["0.1.20"].max()) < 2e-2
+
+
+# --------------------------------------------------------------------------------------
+# Kernel files
+
+
+def test_a_table_row_without_its_kernel_file_keeps_hip_and_names_the_file(
+    tmp_path, kernels, plugin_log, monkeypatch, aiter_version
+):
+    hsa = tmp_path / "hsa"
+    shutil.copytree(KERNEL_STANDIN / "aiter" / "hsa", hsa)
+    missing = hsa / ARCH / "pa" / "standin_bf16_fp8_gqa8_hp2.co"
+    missing.unlink()
+    monkeypatch.setenv("AITER_ASM_DIR", str(hsa))
+    aiter_version(None)
+    bf16 = harness.build_model(tmp_path / "bf16", num_layers=1)
+    assert not bf16.builder.build(0, harness.make_batch(bf16, [40] * 20).common).use_asm_decode
+    reason = f"kernel file {missing} not installed (listed in pa_asm.csv)"
+    assert bf16.layers[bf16.names[0]].impl.asm_rejections == [reason]
+    assert any(reason in m for m in plugin_log)
+    # fp16 queries take another row, whose file is there.
+    fp16 = harness.build_model(tmp_path / "fp16", num_layers=1, dtype="float16")
+    batch = harness.make_batch(fp16, [40] * 20, dtype=torch.float16)
+    assert fp16.builder.build(0, batch.common).use_asm_decode
+
+
+# --------------------------------------------------------------------------------------
+# Scale tables against free memory
+
+
+@pytest.fixture
+def fresh_store(monkeypatch):
+    """An empty shared table store for one test, so earlier tests' tables cost nothing."""
+    monkeypatch.setattr(scale_tables.shared_scale_tables(), "tables", {})
+
+
+@pytest.fixture
+def device_memory(monkeypatch):
+    """``torch.cuda.mem_get_info`` answering a chosen free figure for any device; records
+    every query."""
+    queries: list[object] = []
+    answer = {"free": 0}
+
+    def mem_get_info(device=None):
+        queries.append(device)
+        return answer["free"], 192 * 1024**3
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", mem_get_info)
+    return answer, queries
+
+
+def table_bytes(model) -> int:
+    return model.num_blocks * model.num_kv_heads * model.block_size * 4
+
+
+def test_per_layer_scales_that_do_not_fit_keep_hip_never_oom(
+    tmp_path, kernels, plugin_log, fresh_store, device_memory
+):
+    answer, queries = device_memory
+    scales = [(0.5 + i / 64, 0.25 + i / 64) for i in range(4)]  # calibrated per layer
+    model = harness.build_model(tmp_path, num_layers=4, num_blocks=64, scales=scales)
+    one = table_bytes(model)
+    # Room for two layers' K and V tables above the margin, not three.
+    answer["free"] = scale_tables.MEMORY_MARGIN + 5 * one
+    batch = harness.make_batch(model, [40] * 20)
+    metadata = model.builder.build(0, batch.common)
+    assert metadata.use_asm_decode
+    bound = [layer.impl.asm_binding is not None for layer in model.layers.values()]
+    assert bound == [True, True, False, False]
+    assert len(scale_tables.shared_scale_tables().tables) == 4  # only what was bound
+    rejected = model.layers[model.names[2]].impl.asm_rejections
+    assert rejected and "do not fit in free device memory" in rejected[0]
+    assert any("layers with scale tables that do not fit" in m for m in plugin_log)
+    kv = sum(layer.kv_cache.numel() for layer in model.layers.values())  # fp8: 1 byte
+    line = [m for m in plugin_log if "scale table(s)" in m]
+    assert line == [
+        f"ROCM_ATTN asm decode: 8 scale table(s) for 4 layer(s), "
+        f"{8 * one / 1024**2:.1f} MiB, {100 * 8 * one / kv:.3f} % of their KV cache"
+    ]
+    model.builder.build(0, batch.common)
+    model.builder.build(0, harness.make_batch(model, [40] * 4).common)
+    assert len(queries) == 1  # once at bind time, not per step
+    harness.run_layer(model, model.names[2], batch, metadata)
+    assert kernels.hip_decode == 1 and len(harness.asm_calls()) == 0
+
+
+def test_equal_scales_need_one_table_whatever_the_layer_count(
+    tmp_path, kernels, plugin_log, fresh_store, device_memory
+):
+    answer, _ = device_memory
+    model = harness.build_model(tmp_path, num_layers=4, num_blocks=64, scales=[(0.5, 0.5)] * 4)
+    answer["free"] = scale_tables.MEMORY_MARGIN + table_bytes(model)  # exactly one table
+    model.builder.build(0, harness.make_batch(model, [40] * 20).common)
+    assert all(layer.impl.asm_binding is not None for layer in model.layers.values())
+    assert any("1 scale table(s) for 4 layer(s)" in m for m in plugin_log)
+
+
+def test_a_device_without_a_memory_figure_skips_the_check(tmp_path, kernels, fresh_store):
+    """On the CPU ``torch.cuda.mem_get_info`` has no answer: every eligible layer binds."""
+    assert scale_tables.free_device_memory(torch.device("cpu")) is None
+    model = harness.build_model(tmp_path, num_layers=3, num_blocks=64, scales=[(0.5, 0.7)] * 3)
+    model.builder.build(0, harness.make_batch(model, [40] * 20).common)
+    assert all(layer.impl.asm_binding is not None for layer in model.layers.values())
+
+
+# --------------------------------------------------------------------------------------
+# Architecture
+
+
+def test_arch_falls_back_to_torch_then_to_unknown(tmp_path, kernels, plugin_log, monkeypatch):
+    from vllm.platforms import rocm
+
+    monkeypatch.setattr(rocm, "_GCN_ARCH", "")
+    monkeypatch.setattr(
+        torch.cuda,
+        "get_device_properties",
+        lambda device=0: types.SimpleNamespace(gcnArchName=f"{ARCH}:sramecc+:xnack-"),
+    )
+    assert current_arch() == ARCH
+
+    def no_gpu(device=0):
+        raise RuntimeError("no GPU")
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", no_gpu)
+    assert current_arch() == ""
+    model = harness.build_model(tmp_path, num_layers=1)
+    assert not model.builder.build(0, harness.make_batch(model, [40] * 20).common).use_asm_decode
+    reasons = model.layers[model.names[0]].impl.asm_rejections
+    assert reasons == ["an unknown GPU architecture (neither vLLM nor torch names it)"]
+    assert any("on an unknown GPU architecture" in m for m in plugin_log)
+
+
+def test_standin_hsa_lists_only_installed_files():
+    """The stand-in tables name only files that exist (as an installed AITER's do), so
+    every other test runs with the kernel-file clause satisfied."""
+    for arch in ("gfx942", "gfx950"):
+        pa = Path(KERNEL_STANDIN) / "aiter" / "hsa" / arch / "pa"
+        names = [line.split(",")[8] for line in (pa / "pa_asm.csv").read_text().splitlines()[1:]]
+        assert names and all((pa / n).is_file() for n in names)
