@@ -162,7 +162,12 @@ def test_not_rocm_registers_nothing():
 
 
 @pytest.mark.parametrize(
-    ("var", "value"), [("VLLM_ROCM_ASM_DECODE_CUT", "lots"), ("VLLM_ROCM_ASM_DECODE", "maybe")]
+    ("var", "value"),
+    [
+        ("VLLM_ROCM_ASM_DECODE_CUT", "lots"),
+        ("VLLM_ROCM_ASM_DECODE", "maybe"),
+        ("VLLM_ROCM_ASM_DECODE_TRUST_AITER", "always"),
+    ],
 )
 def test_bad_setting_is_a_startup_error_naming_it(var, value):
     r = probe({"VLLM_ROCM_USE_AITER": "1", var: value})

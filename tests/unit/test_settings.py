@@ -63,3 +63,25 @@ def test_default_cut_is_two_query_heads_per_compute_unit(monkeypatch, cus, cut):
     assert resolve_cut(cus) == cut
     monkeypatch.setenv(settings.CUT_ENV, "1000")
     assert resolve_cut(cus) == 1000
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [(None, False), ("", False), ("1", True), ("yes", True), ("0", False), ("OFF", False)],
+    ids=lambda v: repr(v),
+)
+def test_trust_aiter_values(monkeypatch, raw, expected):
+    if raw is None:
+        monkeypatch.delenv(settings.TRUST_ENV, raising=False)
+    else:
+        monkeypatch.setenv(settings.TRUST_ENV, raw)
+    assert settings.trust_aiter() is expected
+
+
+@pytest.mark.parametrize("raw", ["2", "always", "0.1.17"])
+def test_trust_aiter_bad_value_names_variable_and_value(monkeypatch, raw):
+    monkeypatch.setenv(settings.TRUST_ENV, raw)
+    for check in (settings.trust_aiter, settings.check_all):
+        with pytest.raises(settings.SettingError) as err:
+            check()
+        assert settings.TRUST_ENV in str(err.value) and repr(raw) in str(err.value)
