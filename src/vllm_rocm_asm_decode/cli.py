@@ -82,6 +82,21 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="vLLM's --max-model-len (default: the model's context length)",
     )
+    plan.add_argument(
+        "--aiter-version",
+        default="installed",
+        metavar="VERSION|unknown",
+        help="the AITER version to plan for (default: the installed one, else unknown); "
+        "before 0.1.17 a KV cache of more than 65536 blocks keeps the HIP decode",
+    )
+    plan.add_argument(
+        "--num-gpu-blocks",
+        type=int,
+        default=None,
+        metavar="N",
+        help="KV cache blocks per layer (the '# GPU blocks' vLLM logs at start-up): decides "
+        "the AITER block-id clause and sizes the scale tables",
+    )
     plan.add_argument("--json", action="store_true", help="print one JSON object")
 
     bench = sub.add_parser("bench", help="measure on an AMD GPU").add_subparsers(
@@ -281,7 +296,8 @@ DTYPES = ("bfloat16", "float16", "float32", "auto")
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from .plan import PlanError, make_plan, render
+    from .plan import PlanError, make_plan, parse_aiter_version, render
+    from .settings import SettingError
 
     try:
         if args.kv_cache_dtype not in KV_CACHE_DTYPES:
@@ -293,6 +309,13 @@ def _plan(args: argparse.Namespace) -> int:
             raise PlanError(f"--dtype {args.dtype!r} is not one of " + ", ".join(DTYPES))
         if args.block_size < 1 or (args.max_model_len is not None and args.max_model_len < 1):
             raise PlanError("--block-size and --max-model-len must be positive")
+        if args.num_gpu_blocks is not None and args.num_gpu_blocks < 1:
+            raise PlanError(f"--num-gpu-blocks {args.num_gpu_blocks} must be positive")
+        aiter_version = (
+            args.aiter_version
+            if args.aiter_version == "installed"
+            else parse_aiter_version(args.aiter_version)
+        )
         plan = make_plan(
             model=args.model,
             gpu=args.gpu,
@@ -301,8 +324,10 @@ def _plan(args: argparse.Namespace) -> int:
             block_size=args.block_size,
             dtype=args.dtype,
             max_model_len=args.max_model_len,
+            aiter_version=aiter_version,
+            num_gpu_blocks=args.num_gpu_blocks,
         )
-    except PlanError as exc:
+    except (PlanError, SettingError) as exc:
         print(f"{PROG} plan: error: {exc}", file=sys.stderr)
         return 2
     print(json.dumps(plan.to_json(), indent=2) if args.json else render(plan))

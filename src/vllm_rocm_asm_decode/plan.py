@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from .aiter_version import AiterBuild
+from . import settings
+from .aiter_version import BLOCK_ID_LIMIT, FIRST_FIXED, AiterBuild, describe, installed_version
 from .decision import default_cut, describe_cut, resolve_cut, step_uses_asm
 from .eligibility import VALIDATED_CONTEXT, LayerFacts, rejection_reasons
 from .kernel_table import KernelTable, fallback_table
@@ -81,7 +82,18 @@ class Plan:
     reasons: list[str]
     layer_groups: list[LayerGroup]
     batches: list[dict[str, Any]]
+    #: Distinct per-slot scale tables the eligible layers need (one per distinct scale).
+    scale_tables: int
     scale_table_fraction: float
+    #: Where the scales come from: "checkpoint", or why they are 1.0.
+    kv_scales: str
+    aiter_version: str | None
+    block_id_fix: bool | None
+    num_gpu_blocks: int | None
+    #: What the AITER version means for this deployment, as a sentence.
+    block_id_clause: str
+    #: Bytes of the scale tables at ``num_gpu_blocks`` blocks per layer; None without it.
+    scale_table_bytes: int | None = None
     notes: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
@@ -229,20 +241,90 @@ def layer_facts(model_config, *, tp: int, kv_cache_dtype: str, block_size: int) 
     return facts
 
 
-def scale_table_fraction(facts: list[LayerFacts], eligible: list[bool]) -> float:
-    """Bytes vLLM's shared ``AsmKvScaleTables`` allocate for the eligible layers (K and V,
-    scales 1.0 as no checkpoint is read) over the KV cache's bytes; block count cancels."""
+def table_count(facts: list[LayerFacts], eligible: list[bool], scales: list[tuple[float, float]]):
+    """Distinct tables vLLM's shared ``AsmKvScaleTables`` allocate for the eligible layers
+    (one per distinct K or V scale), and their bytes per KV cache block."""
     from vllm.v1.attention.backends.rocm_aiter_fa import AsmKvScaleTables
 
-    store = AsmKvScaleTables()
-    for f, ok in zip(facts, eligible, strict=True):
+    store = AsmKvScaleTables()  # on the meta device: allocates nothing
+    for f, ok, (k_scale, v_scale) in zip(facts, eligible, scales, strict=True):
         if ok:
-            for scale in (1.0, 1.0):  # K, V
+            for scale in (k_scale, v_scale):
                 store.get("meta", 1, f.num_kv_heads, f.block_size, scale)
-    table_bytes = sum(t.numel() * t.element_size() for t in store.tables.values())
+    per_block = sum(t.numel() * t.element_size() for t in store.tables.values())
+    return len(store.tables), per_block
+
+
+def kv_cache_bytes_per_block(facts: list[LayerFacts]) -> int:
+    """Bytes of one block of every layer's K and V."""
     elem = 1 if facts[0].kv_cache_dtype.startswith("fp8") else 2
-    kv_bytes = sum(2 * f.num_kv_heads * f.head_size * f.block_size * elem for f in facts)
-    return table_bytes / kv_bytes if kv_bytes else 0.0
+    return sum(2 * f.num_kv_heads * f.head_size * f.block_size * elem for f in facts)
+
+
+def checkpoint_scales(model_dir: Path, label: str, model_config, num_layers: int):
+    """Per-layer (K, V) scales as vLLM will use them, and a word on where they come from."""
+    from .checkpoint_scales import CheckpointError, checkpoint_format, layer_scales, read_kv_scales
+
+    ones = [(1.0, 1.0)] * num_layers
+    if label.startswith("preset "):
+        return ones, "1.0 (a preset: config only, no checkpoint read)"
+    if checkpoint_format(model_dir) == "pytorch-bin":
+        return ones, "1.0 assumed (a .bin checkpoint: scales not read)"
+    try:
+        found = read_kv_scales(model_dir)
+    except CheckpointError as exc:
+        raise PlanError(str(exc)) from exc
+    if found is None:
+        return ones, "1.0 (none in the checkpoint)"
+    if getattr(model_config.hf_config, "quantization_config", None) is None:
+        return ones, "1.0 (the checkpoint's are unused: config.json has no quantization_config)"
+    return layer_scales(found, num_layers), "checkpoint"
+
+
+def parse_aiter_version(text: str) -> str | None:
+    """``--aiter-version``: a PEP 440 version, or ``unknown`` (None)."""
+    from packaging.version import InvalidVersion, Version
+
+    if text.strip().lower() == "unknown":
+        return None
+    try:
+        Version(text)
+    except InvalidVersion:
+        raise PlanError(
+            f"--aiter-version {text!r} is not a version (e.g. 0.1.22) or 'unknown'"
+        ) from None
+    return text.strip()
+
+
+def block_id_sentence(aiter: AiterBuild, num_gpu_blocks: int | None) -> str:
+    """What the AITER version means for this deployment."""
+    if aiter.trusted:
+        return (
+            f"{describe(aiter.version)}: trusted with KV blocks >= {BLOCK_ID_LIMIT} "
+            f"({settings.TRUST_ENV}=1)"
+        )
+    if aiter.reads_high_block_ids:
+        return (
+            f"{describe(aiter.version)} reads KV blocks >= {BLOCK_ID_LIMIT} right "
+            f"(fixed in {FIRST_FIXED})"
+        )
+    who = (
+        f"{describe(aiter.version)} predates"
+        if aiter.block_id_fix is False
+        else f"{describe(aiter.version)} (--aiter-version to name one) counts as predating"
+    )
+    if num_gpu_blocks is None:
+        return (
+            f"{who} the KV block-id fix of {FIRST_FIXED}: a cache of more than "
+            f"{BLOCK_ID_LIMIT} blocks keeps the HIP decode; the block count decides "
+            "(--num-gpu-blocks N, the '# GPU blocks' vLLM logs)"
+        )
+    if num_gpu_blocks <= BLOCK_ID_LIMIT:
+        return (
+            f"{who} the KV block-id fix of {FIRST_FIXED}; {num_gpu_blocks} blocks stay "
+            f"within {BLOCK_ID_LIMIT}, so it does not matter here"
+        )
+    return f"{who} the KV block-id fix of {FIRST_FIXED}: {num_gpu_blocks} blocks keep HIP"
 
 
 def make_plan(
@@ -253,15 +335,23 @@ def make_plan(
     block_size: int = 16,
     dtype: str = "bfloat16",
     max_model_len: int | None = None,
+    aiter_version: str | None = "installed",
+    num_gpu_blocks: int | None = None,
 ) -> Plan:
+    """The plan; ``aiter_version="installed"`` reads the installed AITER's (None: unknown)."""
     model_dir, label = resolve_model_dir(model)
     the_gpu = resolve_gpu(gpu)
     model_config = _model_config(model_dir, dtype, max_model_len)
     facts = layer_facts(
         model_config, tp=tensor_parallel_size, kv_cache_dtype=kv_cache_dtype, block_size=block_size
     )
+    if num_gpu_blocks is not None:
+        facts = [replace(f, num_blocks=num_gpu_blocks) for f in facts]
+    version = installed_version() if aiter_version == "installed" else aiter_version
+    aiter = AiterBuild(version, trusted=settings.trust_aiter())
+    scales, scales_source = checkpoint_scales(model_dir, label, model_config, len(facts))
     table = kernel_table_for(the_gpu.arch)
-    per_layer = [rejection_reasons(f, table, AiterBuild.installed()) for f in facts]
+    per_layer = [rejection_reasons(f, table, aiter) for f in facts]
     eligible = [not r for r in per_layer]
     groups: dict[tuple[str, ...], list[int]] = {}
     for i, reasons in enumerate(per_layer):
@@ -288,6 +378,7 @@ def make_plan(
         )
     if cut != default_cut(the_gpu.compute_units):
         notes.append(f"cut {describe_cut(the_gpu.compute_units)}")
+    tables, table_bytes_per_block = table_count(facts, eligible, scales)
     return Plan(
         model=label,
         gpu=the_gpu.name,
@@ -313,7 +404,16 @@ def make_plan(
             for reasons, idx in groups.items()
         ],
         batches=batches,
-        scale_table_fraction=scale_table_fraction(facts, eligible),
+        scale_tables=tables,
+        scale_table_fraction=table_bytes_per_block / kv_cache_bytes_per_block(facts),
+        kv_scales=scales_source,
+        aiter_version=version,
+        block_id_fix=aiter.block_id_fix,
+        num_gpu_blocks=num_gpu_blocks,
+        block_id_clause=block_id_sentence(aiter, num_gpu_blocks),
+        scale_table_bytes=None
+        if num_gpu_blocks is None
+        else table_bytes_per_block * num_gpu_blocks,
         notes=notes,
     )
 
@@ -339,14 +439,21 @@ def render(plan: Plan) -> str:
         f"{plan.dtype}, {plan.kv_cache_dtype} KV cache, block {plan.block_size}, "
         f"max_model_len {plan.max_model_len}",
         f"kernels    {plan.kernel_table}",
+        f"aiter      {plan.block_id_clause}",
         f"cut        pure-decode steps above {plan.cut_query_heads} query heads "
         f"({plan.cut_source}) run asm",
         "",
     ]
     if plan.eligible:
+        size = (
+            ""
+            if plan.scale_table_bytes is None
+            else f", {plan.scale_table_bytes / 1024**2:.1f} MiB at {plan.num_gpu_blocks} blocks"
+        )
         lines.append(
-            f"asm decode: {plan.eligible_layers} of {plan.num_layers} layers eligible; scale "
-            f"tables {plan.scale_table_fraction * 100:.3f} % of the KV cache"
+            f"asm decode: {plan.eligible_layers} of {plan.num_layers} layers eligible; "
+            f"{plan.scale_tables} scale table(s), {plan.scale_table_fraction * 100:.3f} % of "
+            f"the KV cache{size} (KV scales: {plan.kv_scales})"
         )
     else:
         lines.append("asm decode: no layer is eligible; every step keeps the HIP decode")

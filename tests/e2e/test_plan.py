@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 import harness
 from conftest import ARCH
@@ -201,3 +202,128 @@ def test_console_script_on_a_machine_without_rocm():
         "batches",
         "scale_table_fraction",
     } <= set(plan)
+
+
+# --------------------------------------------------------------------------------------
+# AITER version, block count, checkpoint scales
+
+OLD_AITER_REASON = (
+    "AITER 0.1.16.post5 misreads KV blocks >= 65536 (fixed in 0.1.17); this cache has 183104 blocks"
+)
+
+
+@pytest.mark.parametrize(
+    ("version", "blocks", "eligible"),
+    [
+        ("0.1.16.post5", 183104, False),
+        ("unknown", 183104, False),
+        ("0.1.20", 183104, True),
+        ("0.1.16.post5", 65536, True),
+        ("0.1.16.post5", None, True),
+    ],
+    ids=["old-large", "unknown-large", "fixed-large", "old-at-limit", "old-no-count"],
+)
+def test_aiter_version_and_block_count_decide_the_block_id_clause(
+    version, blocks, eligible, monkeypatch, capsys
+):
+    monkeypatch.delenv("VLLM_ROCM_ASM_DECODE_TRUST_AITER", raising=False)
+    args = ["plan", "--gpu", "mi355x", "--aiter-version", version, "--json"]
+    if blocks is not None:
+        args += ["--num-gpu-blocks", str(blocks)]
+    assert main(args) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["eligible"] is eligible
+    assert plan["aiter_version"] == (None if version == "unknown" else version)
+    assert plan["block_id_fix"] == {"0.1.20": True, "unknown": None}.get(version, False)
+    assert plan["num_gpu_blocks"] == blocks
+    if version == "0.1.16.post5" and blocks == 183104:
+        assert plan["reasons"] == [OLD_AITER_REASON]
+    if blocks is None:
+        assert "the block count decides" in plan["block_id_clause"]
+
+
+def test_trust_switch_applies_in_plan_as_in_vllm(monkeypatch):
+    monkeypatch.setenv("VLLM_ROCM_ASM_DECODE_TRUST_AITER", "1")
+    plan = make_plan(gpu="mi355x", aiter_version="0.1.16.post5", num_gpu_blocks=183104)
+    assert plan.eligible and "trusted" in plan.block_id_clause
+
+
+def write_checkpoint(path, scales, *, quantized=True, layers=6):
+    """A config.json and a safetensors file with per-layer KV scales beside a weight."""
+    from safetensors.torch import save_file
+
+    extra = {"quantization_config": {"quant_method": "fp8"}} if quantized else {}
+    harness.write_model_dir(path, num_heads=32, num_kv_heads=8, num_layers=layers, extra=extra)
+    tensors = {"model.embed_tokens.weight": torch.zeros(16, 8)}
+    for i, (k, v) in enumerate(scales):
+        tensors[f"model.layers.{i}.self_attn.k_proj.output_scale"] = torch.tensor([k])
+        tensors[f"model.layers.{i}.self_attn.v_proj.output_scale"] = torch.tensor([v])
+    save_file(tensors, str(path / "model.safetensors"))
+    return str(path)
+
+
+def test_calibrated_per_layer_scales_cost_two_tables_per_layer(tmp_path):
+    scales = [(0.5 + i / 64, 0.25 + i / 64) for i in range(6)]  # all 12 values distinct
+    model = write_checkpoint(tmp_path, scales)
+    plan = make_plan(model=model, gpu="mi355x", num_gpu_blocks=1000)
+    assert plan.kv_scales == "checkpoint" and plan.scale_tables == 12
+    # Per block: 12 tables x 8 KV heads x 16 slots x 4 bytes, over 6 layers x K+V x 8 KV
+    # heads x 128 dims x 16 slots x 1 byte: 4/128 of the KV cache.
+    assert plan.scale_table_fraction == pytest.approx(4 / 128)
+    assert plan.scale_table_bytes == 12 * 1000 * 8 * 16 * 4
+
+
+def test_equal_checkpoint_scales_share_tables(tmp_path):
+    plan = make_plan(model=write_checkpoint(tmp_path, [(0.5, 0.25)] * 6), gpu="mi355x")
+    assert plan.kv_scales == "checkpoint" and plan.scale_tables == 2
+    assert plan.scale_table_fraction == pytest.approx(2 * 4 / (6 * 2 * 128))
+
+
+def test_checkpoint_without_scales_and_unquantized_checkpoints_use_one(tmp_path):
+    none = make_plan(model=write_checkpoint(tmp_path / "a", []), gpu="mi355x")
+    assert none.kv_scales == "1.0 (none in the checkpoint)" and none.scale_tables == 1
+    scales = [(0.5 + i / 64, 0.25) for i in range(6)]
+    unused = make_plan(model=write_checkpoint(tmp_path / "b", scales, quantized=False))
+    assert unused.scale_tables == 1 and "no quantization_config" in unused.kv_scales
+
+
+def test_plan_text_names_tables_scales_and_the_aiter_clause(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("VLLM_ROCM_ASM_DECODE_TRUST_AITER", raising=False)
+    model = write_checkpoint(tmp_path, [(0.5 + i / 64, 0.25 + i / 64) for i in range(6)])
+    args = ["plan", "--model", model, "--aiter-version", "0.1.22", "--num-gpu-blocks", "1000"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "aiter      AITER 0.1.22 reads KV blocks >= 65536 right (fixed in 0.1.17)" in out
+    assert "12 scale table(s), 3.125 % of the KV cache, 5.9 MiB at 1000 blocks" in out
+    assert "(KV scales: checkpoint)" in out
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "message"),
+    [
+        (["--aiter-version", "banana"], {}, "--aiter-version 'banana' is not a version"),
+        (["--num-gpu-blocks", "0"], {}, "--num-gpu-blocks 0 must be positive"),
+        (["--num-gpu-blocks", "many"], {}, "argument --num-gpu-blocks: invalid int value"),
+        ([], {"VLLM_ROCM_ASM_DECODE_TRUST_AITER": "perhaps"}, "VLLM_ROCM_ASM_DECODE_TRUST"),
+        ([], {"VLLM_ROCM_ASM_DECODE_CUT": "lots"}, "VLLM_ROCM_ASM_DECODE_CUT='lots'"),
+    ],
+    ids=["aiter-version", "blocks-zero", "blocks-word", "trust-env", "cut-env"],
+)
+def test_bad_new_input_is_one_line_and_exit_2(args, env, message, monkeypatch, capsys):
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    try:
+        code = main(["plan", *args])
+    except SystemExit as exc:  # argparse's own usage errors
+        code = exc.code
+    assert code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+
+
+def test_corrupt_checkpoint_is_one_line(tmp_path, capsys):
+    write_checkpoint(tmp_path, [(0.5, 0.25)])
+    (tmp_path / "model.safetensors").write_bytes(b"not a safetensors file")
+    assert main(["plan", "--model", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "model.safetensors" in err[0]
