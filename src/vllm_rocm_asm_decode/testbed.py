@@ -239,8 +239,10 @@ def make_batch(
     dtype: torch.dtype = torch.bfloat16,
     seed: int = 0,
     contexts: bool = True,
+    pages: Sequence[Sequence[int]] | None = None,
 ) -> Batch:
-    """A batch whose requests own distinct random blocks (block 0 is vLLM's null block).
+    """A batch whose requests own distinct random blocks (block 0 is vLLM's null block),
+    or the blocks ``pages`` names for each request.
 
     ``pad_to`` appends CUDA-graph padding requests: query length 1, sequence length 0,
     block-table rows of the null block. ``contexts=False`` skips drawing every token's
@@ -252,15 +254,15 @@ def make_batch(
     seq_lens = list(seq_lens)
     query_lens = list(query_lens) if query_lens is not None else [1] * len(seq_lens)
     bs = model.block_size
-    pages = [math.ceil(n / bs) for n in seq_lens]
-    max_pages = max([*pages, 1])
-    free = torch.randperm(model.num_blocks - 1, generator=gen) + 1
-    assert sum(pages) <= free.numel(), "not enough KV blocks for this batch"
-    table = torch.zeros(len(seq_lens), max_pages + 1, dtype=torch.int32)
-    used = 0
-    for i, n in enumerate(pages):
-        table[i, :n] = free[used : used + n].to(torch.int32)
-        used += n
+    counts = [math.ceil(n / bs) for n in seq_lens]
+    if pages is None:
+        free = (torch.randperm(model.num_blocks - 1, generator=gen) + 1).tolist()
+        assert sum(counts) <= len(free), "not enough KV blocks for this batch"
+        pages = [free[sum(counts[:i]) : sum(counts[: i + 1])] for i in range(len(counts))]
+    assert [len(p) for p in pages] == counts, "one block per started page of each request"
+    table = torch.zeros(len(seq_lens), max([*counts, 1]) + 1, dtype=torch.int32)
+    for i, blocks in enumerate(pages):
+        table[i, : len(blocks)] = torch.tensor(list(blocks), dtype=torch.int32)
     drawn = []
     q_rows, k_rows, v_rows, slots = [], [], [], []
     kvh, hd, h = model.num_kv_heads, model.head_size, model.num_heads
@@ -326,6 +328,15 @@ def fill_context(model: Model, batch: Batch) -> None:
             slots = slots + pos % model.block_size
             kk, vv = (t[:n].to(model.device, batch.key.dtype) for t in (k, v))
             layer.impl.do_kv_cache_update(layer, kk, vv, layer.kv_cache, slots)
+
+
+def write_step(model: Model, batch: Batch) -> None:
+    """Write this step's new tokens into every layer's cache, as ``Attention`` does before
+    it calls ``impl.forward`` (padding rows have slot -1 and are skipped)."""
+    for layer in model.layers.values():
+        layer.impl.do_kv_cache_update(
+            layer, batch.key, batch.value, layer.kv_cache, batch.slot_mapping
+        )
 
 
 def run_layer(model: Model, name: str, batch: Batch, metadata) -> torch.Tensor:

@@ -1,0 +1,93 @@
+"""The self-test probes ``doctor`` and ``check accuracy`` run on a GPU, run here through the
+backend against the contract model: they pass on a sound kernel and catch a broken one."""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import pytest
+import torch
+
+from vllm_rocm_asm_decode.kernel import load_asm_kernel
+from vllm_rocm_asm_decode.validation import selftest
+
+VERSION_ENV = "ASM_DECODE_TEST_AITER_VERSION"
+SMALL_POOL_HEADS = (8, 1)  # GQA 8 with one KV head: a 70000-block pool of ~0.3 GB
+
+
+@pytest.fixture
+def stand_in_aiter(monkeypatch, kernels):
+    def set_version(version: str) -> None:
+        monkeypatch.setenv(VERSION_ENV, version)
+        load_asm_kernel.cache_clear()
+
+    monkeypatch.delenv("VLLM_ROCM_ASM_DECODE_TRUST_AITER", raising=False)
+    yield set_version
+    load_asm_kernel.cache_clear()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_accuracy_probe_passes_on_the_contract_model(stand_in_aiter, dtype):
+    stand_in_aiter("0.1.20")
+    check = selftest.accuracy_probe("cpu", dtype)
+    assert check.ok, check.detail
+    assert check.name == f"selftest-accuracy-{str(dtype).removeprefix('torch.')}"
+
+
+def test_accuracy_probe_fails_when_the_kernel_answers_wrong(stand_in_aiter, monkeypatch):
+    import aiter
+
+    stand_in_aiter("0.1.20")
+    real = aiter.pa_fwd_asm
+
+    @functools.wraps(real)
+    def off_by_a_little(*args, **kwargs):
+        out = real(*args, **kwargs)
+        out.add_(0.05)
+        return out
+
+    monkeypatch.setattr(aiter, "pa_fwd_asm", off_by_a_little)
+    check = selftest.accuracy_probe("cpu")
+    assert not check.ok and "max |error| 0.05" in check.detail
+
+
+def test_block_id_probe_passes_on_a_fixed_aiter(stand_in_aiter):
+    stand_in_aiter("0.1.20")
+    check = selftest.block_id_probe("cpu", SMALL_POOL_HEADS)
+    assert check.ok, check.detail
+
+
+def test_block_id_probe_catches_the_pre_0_1_17_misread(stand_in_aiter):
+    """The stand-in 0.1.16.post5 reads block b as b & 0xFFFF, as AITER did: the probe runs
+    the kernel (trusting it for the probe only) and names the block it read instead."""
+    stand_in_aiter("0.1.16.post5")
+    check = selftest.block_id_probe("cpu", SMALL_POOL_HEADS)
+    assert not check.ok
+    assert check.detail.startswith("block 65537 was read as block 1 (id & 0xFFFF)")
+    assert "VLLM_ROCM_ASM_DECODE_TRUST_AITER unset" in check.detail
+    assert "VLLM_ROCM_ASM_DECODE_TRUST_AITER" not in os.environ  # restored after the probe
+
+
+def test_padding_probe_reports_finite_rows(stand_in_aiter):
+    stand_in_aiter("0.1.20")
+    check = selftest.padding_probe("cpu")
+    assert check.ok and "8 padding rows finite (left as they were)" in check.detail
+
+
+def test_padding_probe_fails_on_nan_in_padding_rows(stand_in_aiter, monkeypatch):
+    import aiter
+
+    stand_in_aiter("0.1.20")
+    real = aiter.pa_fwd_asm
+
+    @functools.wraps(real)
+    def nan_padding(*args, **kwargs):
+        out = real(*args, **kwargs)
+        lengths = kwargs["context_lens"]
+        out[lengths == 0] = float("nan")
+        return out
+
+    monkeypatch.setattr(aiter, "pa_fwd_asm", nan_padding)
+    check = selftest.padding_probe("cpu")
+    assert not check.ok and "NOT finite" in check.detail
