@@ -5,6 +5,7 @@
 ``bench serve``     A/B serving benchmark around ``vllm serve`` / ``vllm bench serve``
 ``check accuracy``  decode error against an fp32 reference (contract model without a GPU)
 ``check passkey``   long-context retrieval against a running server
+``doctor``          the environment the plugin trusts, and a GPU self-test
 """
 
 from __future__ import annotations
@@ -98,6 +99,13 @@ def build_parser() -> argparse.ArgumentParser:
         "the AITER block-id clause and sizes the scale tables",
     )
     plan.add_argument("--json", action="store_true", help="print one JSON object")
+
+    from . import doctor
+
+    doc = _documented_parser(
+        sub, "doctor", "check this machine before turning the plugin on (GPU self-test)", doctor
+    )
+    doc.add_argument("--json", action="store_true", help="print one JSON object")
 
     bench = sub.add_parser("bench", help="measure on an AMD GPU").add_subparsers(
         dest="bench", required=True, parser_class=_Parser
@@ -372,6 +380,22 @@ def _bench_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _doctor(args: argparse.Namespace) -> int:
+    from .doctor import render, run
+
+    try:
+        report = run()
+    except Exception as exc:  # an environment too broken to describe: say so in one line
+        text = str(exc).strip().splitlines()
+        print(
+            f"{PROG} doctor: error: {type(exc).__name__}: {text[0] if text else ''}",
+            file=sys.stderr,
+        )
+        return 1
+    print(json.dumps(report.to_json(), indent=2) if args.json else render(report))
+    return report.exit_code
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     # vLLM's and torch's start-up warnings would drown the answer (VLLM_LOGGING_LEVEL,
@@ -381,6 +405,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("torch").setLevel(logging.ERROR)
     if args.command == "plan":
         return _plan(args)
+    if args.command == "doctor":
+        return _doctor(args)
     if args.command == "bench" and args.bench == "serve":
         return _bench_serve(args)
     if args.command == "bench" and args.bench == "kernel":

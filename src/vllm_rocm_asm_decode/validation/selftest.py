@@ -235,10 +235,19 @@ def padding_probe(device: str, heads: tuple[int, int] = (40, 8)) -> Check:
 
 
 def run_all(device: str, block_id_heads: tuple[int, int] = (40, 8)) -> list[Check]:
-    """Every probe, in the order ``doctor`` reports them."""
-    return [
-        accuracy_probe(device, torch.bfloat16),
-        accuracy_probe(device, torch.float16),
-        block_id_probe(device, block_id_heads),
-        padding_probe(device),
+    """Every probe, in the order ``doctor`` reports them. A probe that raises (a failed
+    launch, an out-of-memory) is a failed check whose detail is the error's first line."""
+    probes = [
+        ("selftest-accuracy-bfloat16", lambda: accuracy_probe(device, torch.bfloat16)),
+        ("selftest-accuracy-float16", lambda: accuracy_probe(device, torch.float16)),
+        ("selftest-block-id", lambda: block_id_probe(device, block_id_heads)),
+        ("selftest-padding-rows", lambda: padding_probe(device)),
     ]
+    checks = []
+    for name, probe in probes:
+        try:
+            checks.append(probe())
+        except Exception as exc:
+            text = str(exc).strip().splitlines()
+            checks.append(Check(name, False, f"{type(exc).__name__}: {text[0] if text else ''}"))
+    return checks

@@ -1,0 +1,397 @@
+"""``doctor``: what an operator runs before turning the plugin on.
+
+It reports the environment the plugin will trust (vLLM's version, AITER's version and
+whether it carries the KV block-id fix of 0.1.17, the GPU, ``AITER_ASM_DIR`` and the
+kernel table, the ``.co`` files of the rows the plugin would pick, the switches in
+effect and what each does) and checks each. On a gfx942/gfx950 GPU with AITER it then
+runs a self-test of a few seconds through the backend (:mod:`.validation.selftest`):
+asm against fp32 for bf16 and fp16 queries, the block-id >= 65536 probe, and padding
+rows finite.
+
+Exit status: 0 when every check passed, the self-test included; 1 when a check failed;
+2 when the GPU self-test could not run (no gfx942/gfx950 GPU, or no AITER): the
+environment part is still reported.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field
+from importlib import metadata
+from importlib.util import find_spec
+from typing import Any
+
+from . import settings
+from .aiter_version import BLOCK_ID_LIMIT, FIRST_FIXED, AiterBuild, describe, installed_version
+from .kernel_table import ULTRA_PRECISION, KernelTable
+from .validation.selftest import Check
+
+ENTRY_POINT = "rocm_asm_decode"
+EXIT_MEANINGS = {
+    0: "every check passed, the GPU self-test included",
+    1: "a check failed (see FAIL above)",
+    2: "the GPU self-test could not run here; the environment is reported above",
+}
+#: The GQA ratios the shipped ultra-precision kernels serve (each rounds up to 8).
+GQA_RATIOS = range(1, 9)
+
+
+@dataclass
+class Report:
+    vllm_version: str | None
+    aiter_installed: bool
+    aiter_version: str | None
+    block_id_fix: bool | None
+    #: ``{"arch", "compute_units"}`` on a ROCm platform; None elsewhere.
+    gpu: dict[str, Any] | None
+    asm_dir: str | None
+    kernel_table: str | None
+    kernel_files: list[dict[str, Any]]
+    settings: list[dict[str, Any]]
+    checks: list[Check] = field(default_factory=list)
+    #: "passed", "failed", or "not run: <why>".
+    self_test: str = "not run"
+    exit_code: int = 2
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _version(distribution: str) -> str | None:
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def switches() -> list[dict[str, Any]]:
+    """Every switch the plugin reads or depends on: raw value and what it does now."""
+    import vllm.envs as envs
+
+    def raw(name: str) -> str | None:
+        return os.environ.get(name)
+
+    rows = []
+    aiter_on = envs.VLLM_ROCM_USE_AITER
+    rows.append(
+        (
+            "VLLM_ROCM_USE_AITER",
+            "AITER kernels on: the plugin can activate"
+            if aiter_on
+            else "AITER off (the default): the plugin stays inactive; set 1",
+        )
+    )
+    mha_on = envs.VLLM_ROCM_USE_AITER_MHA
+    rows.append(
+        (
+            "VLLM_ROCM_USE_AITER_MHA",
+            "AITER attention on (the default): the asm decode is allowed"
+            if mha_on
+            else "0: the asm decode is off, and vLLM changes other attention choices",
+        )
+    )
+    try:
+        switch = settings.asm_decode_switch()
+        switch_effect = (
+            "asm decode on (the default): large pure-decode steps run the asm kernel"
+            if switch
+            else "0: the asm decode is off; nothing else changes"
+        )
+    except settings.SettingError as exc:
+        switch_effect = f"INVALID: {exc}"
+    rows.append((settings.SWITCH_ENV, switch_effect))
+    try:
+        cut = settings.cut_override()
+        cut_effect = (
+            "the cut is 2 x compute units (the default)"
+            if cut is None
+            else f"pure-decode steps above {cut} query heads run asm"
+        )
+    except settings.SettingError as exc:
+        cut_effect = f"INVALID: {exc}"
+    rows.append((settings.CUT_ENV, cut_effect))
+    try:
+        trust = settings.trust_aiter()
+        trust_effect = (
+            f"1: AITER is trusted with KV blocks >= {BLOCK_ID_LIMIT} whatever its version"
+            if trust
+            else f"only AITER {FIRST_FIXED} and later is trusted with KV blocks "
+            f">= {BLOCK_ID_LIMIT} (the default)"
+        )
+    except settings.SettingError as exc:
+        trust_effect = f"INVALID: {exc}"
+    rows.append((settings.TRUST_ENV, trust_effect))
+    plugins = envs.VLLM_PLUGINS
+    if plugins is None:
+        plugins_effect = "every installed plugin loads, this one included (the default)"
+    elif ENTRY_POINT in plugins:
+        plugins_effect = f"allow-list names {ENTRY_POINT}: it loads"
+    else:
+        plugins_effect = f"allow-list without {ENTRY_POINT}: vLLM does not load the plugin"
+    rows.append(("VLLM_PLUGINS", plugins_effect))
+    rows.append(("AITER_ASM_DIR", "where AITER's kernels and kernel tables are read"))
+    return [{"name": name, "value": raw(name), "effect": effect} for name, effect in rows]
+
+
+def kernel_rows(table: KernelTable) -> list[dict[str, Any]]:
+    """The rows the plugin would pick (bf16/fp16 queries, fp8 cache, 16-token blocks,
+    ``high_precision=2``, GQA 1-8), each with its file and whether it is installed."""
+    picked: dict[tuple[str, str], dict[str, Any]] = {}
+    for q_type in ("bf16", "fp16"):
+        for gqa in GQA_RATIOS:
+            row = table.find(
+                q_type=q_type, kv_type="fp8", gqa=gqa, block_size=16, high_precision=ULTRA_PRECISION
+            )
+            if row is None:
+                continue
+            entry = picked.setdefault(
+                (q_type, row.co_name),
+                {
+                    "query": q_type,
+                    "gqa": [],
+                    "co_name": row.co_name,
+                    "path": None
+                    if table.kernel_dir is None
+                    else os.path.join(table.kernel_dir, row.co_name),
+                    "installed": None
+                    if table.kernel_dir is None
+                    else table.missing_file(row) is None,
+                },
+            )
+            entry["gqa"].append(gqa)
+    return list(picked.values())
+
+
+def environment() -> Report:
+    """The environment part: everything but the GPU self-test."""
+    from .plugin import inactive_reason
+    from .validation.gpu import rocm_gpu_problem
+
+    checks: list[Check] = []
+    try:
+        settings.check_all()
+        checks.append(Check("settings", True, "every VLLM_ROCM_ASM_DECODE* value is valid"))
+    except settings.SettingError as exc:
+        checks.append(Check("settings", False, str(exc)))
+
+    vllm_version = _version("vllm")
+    checks.append(
+        Check(
+            "vllm",
+            bool(vllm_version) and vllm_version.startswith("0.33."),
+            f"vLLM {vllm_version or 'not installed'} (the plugin needs 0.33.x)",
+        )
+    )
+    points = {ep.name: ep.value for ep in metadata.entry_points(group="vllm.general_plugins")}
+    checks.append(
+        Check(
+            "entry-point",
+            ENTRY_POINT in points,
+            f"vllm.general_plugins {ENTRY_POINT} = {points.get(ENTRY_POINT, 'missing')}",
+        )
+    )
+    try:
+        reason = inactive_reason()
+    except settings.SettingError as exc:
+        reason = str(exc)
+    checks.append(
+        Check(
+            "plugin",
+            reason is None,
+            "active: vLLM's ROCM_ATTN gets the asm decode"
+            if reason is None
+            else f"inactive in this environment: {reason}",
+        )
+    )
+
+    from vllm.platforms import current_platform
+
+    gpu = None
+    arch = ""
+    if current_platform.is_rocm():
+        from vllm.utils.platform_utils import num_compute_units
+
+        from .kernel import current_arch
+
+        arch = current_arch()
+        try:
+            compute_units: int | None = num_compute_units()
+        except Exception:  # the platform is ROCm but torch cannot open the GPU
+            compute_units = None
+        gpu = {"arch": arch or None, "compute_units": compute_units}
+    problem = rocm_gpu_problem()
+    checks.append(
+        Check(
+            "gpu",
+            problem is None,
+            f"{arch}, {gpu['compute_units']} CUs" if problem is None and gpu else problem or "",
+        )
+    )
+
+    version = installed_version()
+    aiter = AiterBuild(version)
+    report = Report(
+        vllm_version=vllm_version,
+        aiter_installed=find_spec("aiter") is not None,
+        aiter_version=version,
+        block_id_fix=aiter.block_id_fix,
+        gpu=gpu,
+        asm_dir=None,
+        kernel_table=None,
+        kernel_files=[],
+        settings=switches(),
+        checks=checks,
+    )
+    if not report.aiter_installed:
+        checks.append(Check("aiter", False, "the aiter package is not installed"))
+        return report
+    from .kernel import asm_dir, load_asm_kernel
+
+    report.asm_dir = asm_dir()
+    try:
+        kernel, why_not = load_asm_kernel(arch)
+    except settings.SettingError:  # a bad trust switch, already a failed check above
+        trust = os.environ.pop(settings.TRUST_ENV)
+        try:
+            kernel, why_not = load_asm_kernel(arch)
+        finally:
+            os.environ[settings.TRUST_ENV] = trust
+    checks.append(
+        Check(
+            "aiter",
+            kernel is not None,
+            f"{describe(version)}: aiter.pa_fwd_asm takes the plugin's call"
+            if kernel is not None
+            else str(why_not),
+        )
+    )
+    checks.append(_block_id_check(aiter))
+    if kernel is None:
+        return report
+    report.kernel_table = kernel.table.source
+    checks.append(
+        Check(
+            "kernel-table",
+            kernel.table_note is None,
+            kernel.table.source
+            if kernel.table_note is None
+            else f"not read ({kernel.table_note}); the plugin assumes {kernel.table.source}",
+        )
+    )
+    report.kernel_files = kernel_rows(kernel.table)
+    absent = [r["path"] for r in report.kernel_files if r["installed"] is False]
+    checks.append(
+        Check(
+            "kernel-files",
+            bool(report.kernel_files) and not absent,
+            "no ultra-precision fp8 row for GQA 1-8 in the table"
+            if not report.kernel_files
+            else f"missing: {', '.join(absent)}"
+            if absent
+            else ", ".join(r["co_name"] for r in report.kernel_files) + " installed",
+        )
+    )
+    return report
+
+
+def _block_id_check(aiter: AiterBuild, probe: Check | None = None) -> Check:
+    who = describe(aiter.version)
+    if aiter.block_id_fix:
+        return Check("aiter-block-id-fix", True, f"{who} reads KV blocks >= {BLOCK_ID_LIMIT} right")
+    limit = (
+        f"{who} {'predates' if aiter.block_id_fix is False else 'counts as predating'} the "
+        f"KV block-id fix of {FIRST_FIXED}: caches of more than {BLOCK_ID_LIMIT} blocks keep "
+        "the HIP decode"
+    )
+    if probe is not None and probe.ok:
+        return Check(
+            "aiter-block-id-fix",
+            True,
+            f"{limit}, but this build passed the block-id probe: {settings.TRUST_ENV}=1 "
+            "lets them use the asm decode",
+        )
+    return Check("aiter-block-id-fix", False, limit)
+
+
+def self_test(
+    report: Report, device: str = "cuda", block_id_heads: tuple[int, int] = (40, 8)
+) -> None:
+    """Run the GPU probes through the backend and fold them into ``report``."""
+    from .validation.gpu import rocm_gpu_problem
+
+    problem = rocm_gpu_problem()
+    if problem is not None:
+        report.self_test = f"not run: {problem}"
+        report.exit_code = 2
+        return
+    from vllm._aiter_ops import rocm_aiter_ops
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
+
+    from .plugin import BACKEND_PATH
+    from .validation import selftest
+
+    # The probes test the kernel on this GPU whatever the switches say (reported above),
+    # at the default cut.
+    os.environ["VLLM_ROCM_USE_AITER"] = "1"
+    os.environ.pop(settings.CUT_ENV, None)
+    rocm_aiter_ops.refresh_env_variables()
+    register_backend(AttentionBackendEnum.ROCM_ATTN, BACKEND_PATH)
+    probes = selftest.run_all(device, block_id_heads)
+    block_probe = next(c for c in probes if c.name == "selftest-block-id")
+    aiter = AiterBuild(report.aiter_version)
+    report.checks = [
+        _block_id_check(aiter, block_probe) if c.name == "aiter-block-id-fix" else c
+        for c in report.checks
+    ] + probes
+    report.self_test = "passed" if all(c.ok for c in probes) else "failed"
+    report.exit_code = 0 if all(c.ok for c in report.checks) else 1
+
+
+def run() -> Report:
+    report = environment()
+    self_test(report)
+    return report
+
+
+def render(report: Report) -> str:
+    gpu = report.gpu
+    lines = [
+        f"vLLM       {report.vllm_version or 'not installed'}",
+        "AITER      "
+        + (
+            report.aiter_version or "installed, version unknown"
+            if report.aiter_installed
+            else "not installed"
+        )
+        + (
+            ""
+            if report.block_id_fix is None
+            else f" (KV block-id fix of {FIRST_FIXED}: {'yes' if report.block_id_fix else 'no'})"
+        ),
+        "GPU        "
+        + (
+            f"{gpu['arch'] or 'unknown arch'}, {gpu['compute_units'] or '?'} CUs"
+            if gpu
+            else "not a ROCm platform"
+        ),
+        f"asm dir    {report.asm_dir or '-'}",
+        f"table      {report.kernel_table or '-'}",
+    ]
+    for row in report.kernel_files:
+        state = {True: "installed", False: "MISSING", None: "(built-in table: no file)"}[
+            row["installed"]
+        ]
+        gqa = row["gqa"]
+        lines.append(
+            f"  {row['query']} GQA {gqa[0]}-{gqa[-1]}: {row['path'] or row['co_name']}  {state}"
+        )
+    lines.append("switches")
+    for s in report.settings:
+        value = "(unset)" if s["value"] is None else s["value"]
+        lines.append(f"  {s['name']}={value}: {s['effect']}")
+    lines.append("checks")
+    for c in report.checks:
+        lines.append(f"  {'ok  ' if c.ok else 'FAIL'}  {c.name:<20} {c.detail}")
+    lines.append(f"self-test  {report.self_test}")
+    lines.append(f"result     exit {report.exit_code}: {EXIT_MEANINGS[report.exit_code]}")
+    return "\n".join(lines)

@@ -1,0 +1,196 @@
+"""``doctor``: the environment part everywhere (exit 2 without a GPU), the self-test's
+verdicts when the probes run (here on the CPU, through the backend, on the contract
+model), and one JSON object in every case."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ARCH
+from rocm_emulation import COMPUTE_UNITS, KERNEL_STANDIN
+from vllm_rocm_asm_decode import doctor
+from vllm_rocm_asm_decode.cli import main
+from vllm_rocm_asm_decode.kernel import load_asm_kernel
+
+VERSION_ENV = "ASM_DECODE_TEST_AITER_VERSION"
+
+
+@pytest.fixture
+def aiter_version(monkeypatch):
+    def set_version(version: str | None) -> None:
+        if version is None:
+            monkeypatch.delenv(VERSION_ENV, raising=False)
+        else:
+            monkeypatch.setenv(VERSION_ENV, version)
+        load_asm_kernel.cache_clear()
+
+    monkeypatch.delenv("VLLM_ROCM_ASM_DECODE_TRUST_AITER", raising=False)
+    yield set_version
+    load_asm_kernel.cache_clear()
+
+
+def doctor_json(capsys) -> tuple[int, dict]:
+    code = main(["doctor", "--json"])
+    return code, json.loads(capsys.readouterr().out)
+
+
+def checks(report: dict) -> dict[str, dict]:
+    assert all(set(c) == {"name", "ok", "detail"} for c in report["checks"])
+    return {c["name"]: c for c in report["checks"]}
+
+
+def test_plain_machine_without_rocm_or_aiter_reports_and_exits_2():
+    """The installed command in a plain environment (no stand-ins): this CPU machine."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "ASM_DECODE"))}
+    env["HIP_VISIBLE_DEVICES"] = ""
+    exe = os.path.join(os.path.dirname(sys.executable), "vllm-rocm-asm-decode")
+    proc = subprocess.run(
+        [exe, "doctor", "--json"], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    report = json.loads(proc.stdout)
+    assert report["aiter_version"] is None and report["block_id_fix"] is None
+    assert report["gpu"] is None and report["self_test"].startswith("not run: ")
+    by_name = checks(report)
+    assert by_name["vllm"]["ok"] and by_name["vllm"]["detail"].startswith("vLLM 0.33.")
+    assert not by_name["aiter"]["ok"] and "not installed" in by_name["aiter"]["detail"]
+    assert not by_name["plugin"]["ok"] and "not ROCm" in by_name["plugin"]["detail"]
+    assert {s["name"] for s in report["settings"]} >= {
+        "VLLM_ROCM_USE_AITER",
+        "VLLM_ROCM_USE_AITER_MHA",
+        "VLLM_ROCM_ASM_DECODE",
+        "VLLM_ROCM_ASM_DECODE_CUT",
+        "VLLM_ROCM_ASM_DECODE_TRUST_AITER",
+        "VLLM_PLUGINS",
+    }
+
+
+@pytest.mark.parametrize(
+    ("version", "fix", "ok"),
+    [("0.1.16.post5", False, False), ("0.1.20", True, True), (None, None, False)],
+    ids=["old", "fixed", "unknown"],
+)
+def test_stand_in_rocm_reports_aiter_version_arch_table_and_files(
+    aiter_version, capsys, version, fix, ok
+):
+    aiter_version(version)
+    code, report = doctor_json(capsys)
+    assert code == 2  # torch here has no ROCm: the self-test cannot run
+    assert report["aiter_installed"] is True
+    assert report["aiter_version"] == version and report["block_id_fix"] is fix
+    assert report["gpu"] == {"arch": ARCH, "compute_units": COMPUTE_UNITS[ARCH]}
+    by_name = checks(report)
+    assert by_name["aiter-block-id-fix"]["ok"] is ok
+    if version == "0.1.16.post5":
+        assert "predates the KV block-id fix of 0.1.17" in by_name["aiter-block-id-fix"]["detail"]
+    assert by_name["plugin"]["ok"] and by_name["aiter"]["ok"] and by_name["kernel-table"]["ok"]
+    assert report["kernel_table"].endswith(f"{ARCH}/pa/pa_asm.csv")
+    files = {(r["query"], r["co_name"]): r for r in report["kernel_files"]}
+    assert set(files) == {
+        ("bf16", "standin_bf16_fp8_gqa8_hp2.co"),
+        ("fp16", "standin_fp16_fp8_gqa8_hp2.co"),
+    }
+    assert all(r["installed"] and r["gqa"] == list(range(1, 9)) for r in files.values())
+
+
+def test_missing_kernel_file_fails_its_check(aiter_version, monkeypatch, tmp_path, capsys):
+    hsa = tmp_path / "hsa"
+    shutil.copytree(KERNEL_STANDIN / "aiter" / "hsa", hsa)
+    (hsa / ARCH / "pa" / "standin_fp16_fp8_gqa8_hp2.co").unlink()
+    monkeypatch.setenv("AITER_ASM_DIR", str(hsa))
+    aiter_version("0.1.20")
+    code, report = doctor_json(capsys)
+    assert code == 2
+    detail = checks(report)["kernel-files"]
+    assert not detail["ok"] and "standin_fp16_fp8_gqa8_hp2.co" in detail["detail"]
+    assert "standin_bf16" not in detail["detail"]
+
+
+def test_text_report_names_each_switch_and_the_exit_meaning(aiter_version, monkeypatch, capsys):
+    aiter_version("0.1.16.post5")
+    monkeypatch.setenv("VLLM_ROCM_ASM_DECODE_CUT", "900")
+    assert main(["doctor"]) == 2
+    out = capsys.readouterr().out
+    assert "VLLM_ROCM_ASM_DECODE_CUT=900: pure-decode steps above 900 query heads run asm" in out
+    assert "AITER      0.1.16.post5 (KV block-id fix of 0.1.17: no)" in out
+    assert "result     exit 2: the GPU self-test could not run here" in out
+
+
+def test_bad_setting_is_a_failed_check_not_a_crash(aiter_version, monkeypatch, capsys):
+    aiter_version("0.1.20")
+    monkeypatch.setenv("VLLM_ROCM_ASM_DECODE_TRUST_AITER", "sometimes")
+    code, report = doctor_json(capsys)
+    assert code == 2
+    by_name = checks(report)
+    assert not by_name["settings"]["ok"] and "'sometimes'" in by_name["settings"]["detail"]
+    trust = next(s for s in report["settings"] if s["name"] == "VLLM_ROCM_ASM_DECODE_TRUST_AITER")
+    assert trust["effect"].startswith("INVALID")
+
+
+@pytest.fixture
+def gpu_here(monkeypatch, kernels):
+    """Let the self-test run on the CPU (the probes go through the backend to the
+    contract model); its small block-id pool keeps the test light."""
+    from vllm_rocm_asm_decode.validation import gpu
+
+    monkeypatch.setattr(gpu, "rocm_gpu_problem", lambda: None)
+    monkeypatch.setenv("VLLM_ROCM_ASM_DECODE_CUT", "")  # the self-test clears it; restore
+
+
+def run_doctor(block_id_heads=(8, 1)) -> doctor.Report:
+    report = doctor.environment()
+    doctor.self_test(report, device="cpu", block_id_heads=block_id_heads)
+    return report
+
+
+def test_self_test_passes_on_a_sound_fixed_aiter(aiter_version, gpu_here):
+    aiter_version("0.1.20")
+    report = run_doctor()
+    by_name = {c.name: c for c in report.checks}
+    assert report.self_test == "passed" and report.exit_code == 0, report.checks
+    assert {
+        "selftest-accuracy-bfloat16",
+        "selftest-accuracy-float16",
+        "selftest-block-id",
+        "selftest-padding-rows",
+    } <= set(by_name)
+
+
+def test_self_test_on_an_old_aiter_fails_the_probe_and_exits_1(aiter_version, gpu_here):
+    aiter_version("0.1.16.post5")  # the stand-in then misreads blocks >= 65536
+    report = run_doctor()
+    by_name = {c.name: c for c in report.checks}
+    assert report.self_test == "failed" and report.exit_code == 1
+    assert not by_name["selftest-block-id"].ok
+    assert "read as block 1 (id & 0xFFFF)" in by_name["selftest-block-id"].detail
+    assert not by_name["aiter-block-id-fix"].ok
+
+
+def test_an_old_version_that_passes_the_probe_is_cleared_for_trust(
+    aiter_version, gpu_here, monkeypatch
+):
+    """A build that reports an old version (say 0.1.0, no git metadata) but reads high
+    blocks right: the probe is the proof, and doctor says the trust switch is safe."""
+    aiter_version("0.1.0")
+    monkeypatch.setattr("aiter._truncates_block_ids", lambda: False)
+    report = run_doctor()
+    by_name = {c.name: c for c in report.checks}
+    assert by_name["selftest-block-id"].ok
+    fix = by_name["aiter-block-id-fix"]
+    assert fix.ok and "VLLM_ROCM_ASM_DECODE_TRUST_AITER=1" in fix.detail
+    assert report.exit_code == 0
+
+
+def test_doctor_usage_errors_are_one_line_exit_2(capsys):
+    for argv in (["doctor", "--jsn"], ["doctor", "extra"]):
+        with pytest.raises(SystemExit) as exc:
+            main(argv)
+        assert exc.value.code == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "error:" in err[0]
