@@ -45,10 +45,16 @@ def _plugin():
     register()
 
 
-def model_for(tmp_path, heads, kvh, num_seqs, ctx):
+def model_for(tmp_path, heads, kvh, num_seqs, ctx, dtype="bfloat16"):
     blocks = num_seqs * (ctx // 16 + 2) + 8
     return harness.build_model(
-        tmp_path, num_heads=heads, num_kv_heads=kvh, num_layers=1, num_blocks=blocks, device="cuda"
+        tmp_path,
+        num_heads=heads,
+        num_kv_heads=kvh,
+        num_layers=1,
+        num_blocks=blocks,
+        device="cuda",
+        dtype=dtype,
     )
 
 
@@ -57,17 +63,23 @@ def errors(out, ref):
     return float(diff.max()), float(diff.mean())
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
 @pytest.mark.parametrize(("heads", "kvh"), LAYOUTS, ids=[f"{h}-{k}" for h, k in LAYOUTS])
-def test_asm_through_the_backend_matches_reference_and_contract_model(tmp_path, heads, kvh, seed):
+def test_asm_through_the_backend_matches_reference_and_contract_model(
+    tmp_path, heads, kvh, seed, dtype
+):
+    """bf16 and fp16 queries at high_precision=2 (AITER's own tests run Hp=2 for bf16 only)."""
     from vllm_rocm_asm_decode.contract_model import PagedAttentionAsmModel
     from vllm_rocm_asm_decode.kernel import current_arch, load_asm_kernel
 
     # Above the cut: enough sequences for 2 x CUs query heads, contexts sampled 1..4000.
     num_seqs = max(64, 2 * 304 // heads + 1)
     seq_lens = [CONTEXTS[i % len(CONTEXTS)] for i in range(num_seqs)]
-    model = model_for(tmp_path, heads, kvh, num_seqs, max(seq_lens))
-    batch = harness.make_batch(model, seq_lens, seed=seed)
+    model = model_for(
+        tmp_path, heads, kvh, num_seqs, max(seq_lens), str(dtype).removeprefix("torch.")
+    )
+    batch = harness.make_batch(model, seq_lens, seed=seed, dtype=dtype)
     harness.fill_context(model, batch)
     metadata = model.builder.build(0, batch.common)
     name = model.names[0]
@@ -113,6 +125,7 @@ def test_cuda_graph_capture_and_replay_of_forward(tmp_path):
     model = model_for(tmp_path, 40, 8, 64, 1000)
     batch = harness.make_batch(model, [1000] * 48, pad_to=64)  # padded as vLLM captures
     harness.fill_context(model, batch)
+    harness.write_step(model, batch)  # as Attention does before impl.forward
     metadata = model.builder.build(0, batch.common)
     assert metadata.use_asm_decode
     name = model.names[0]
@@ -125,6 +138,7 @@ def test_cuda_graph_capture_and_replay_of_forward(tmp_path):
         )
 
     stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())  # the cache writes above come first
     with torch.cuda.stream(stream):
         step()  # warm-up outside capture
     torch.cuda.synchronize()
@@ -137,6 +151,7 @@ def test_cuda_graph_capture_and_replay_of_forward(tmp_path):
     ref = harness.reference(model, batch, layer)
     max_err, _ = errors(out[:48], ref[:48])
     assert max_err <= ASM_MAX
+    assert torch.isfinite(out[48:]).all()  # the padding rows of the captured batch
 
 
 def test_no_host_sync_on_the_asm_path(tmp_path):
@@ -144,6 +159,7 @@ def test_no_host_sync_on_the_asm_path(tmp_path):
     batch = harness.make_batch(model, [1000] * 64)
     harness.fill_context(model, batch)
     metadata = model.builder.build(0, batch.common)
+    assert metadata.use_asm_decode
     name = model.names[0]
     layer = model.layers[name]
     out = torch.empty_like(batch.query)
@@ -160,3 +176,48 @@ def test_no_host_sync_on_the_asm_path(tmp_path):
     finally:
         torch.cuda.set_sync_debug_mode("default")
     torch.cuda.synchronize()
+
+
+def test_block_ids_above_65536_through_the_backend(tmp_path, monkeypatch):
+    """AITER before 0.1.17 reads block id b as b & 0xFFFF. A fixed AITER must pass the
+    probe; on any AITER, the backend without the trust switch keeps a pool past 65536
+    blocks on the HIP decode, with the right answer."""
+    from vllm_rocm_asm_decode.aiter_version import AiterBuild
+    from vllm_rocm_asm_decode.kernel import load_asm_kernel
+    from vllm_rocm_asm_decode.validation import selftest
+
+    check = selftest.block_id_probe("cuda")
+    aiter = AiterBuild.installed()
+    if aiter.block_id_fix:
+        assert check.ok, check.detail
+    monkeypatch.delenv("VLLM_ROCM_ASM_DECODE_TRUST_AITER", raising=False)
+    load_asm_kernel.cache_clear()
+    model = harness.build_model(
+        tmp_path / "pool", num_layers=1, num_blocks=selftest.PROBE_POOL, device="cuda"
+    )
+    n = selftest.sequences_above_cut(40)
+    pages = [[67000 - i] for i in range(n)]
+    batch = harness.make_batch(model, [16] * n, pages=pages)
+    harness.fill_context(model, batch)
+    metadata = model.builder.build(0, batch.common)
+    layer = model.layers[model.names[0]]
+    assert metadata.use_asm_decode is aiter.reads_high_block_ids
+    out = harness.run_layer(model, model.names[0], batch, metadata)
+    torch.cuda.synchronize()
+    limit = ASM_MAX if aiter.reads_high_block_ids else HIP_MAX
+    assert errors(out, harness.reference(model, batch, layer))[0] <= limit
+
+
+def test_padding_rows_stay_finite_after_the_asm_call():
+    from vllm_rocm_asm_decode.validation import selftest
+
+    check = selftest.padding_probe("cuda")
+    assert check.ok, check.detail
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_selftest_accuracy_probe(dtype):
+    from vllm_rocm_asm_decode.validation import selftest
+
+    check = selftest.accuracy_probe("cuda", dtype)
+    assert check.ok, check.detail

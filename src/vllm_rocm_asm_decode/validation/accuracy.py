@@ -3,7 +3,9 @@
 On a gfx942/gfx950 GPU with AITER: the HIP decode (vLLM's chunked_prefill_paged_decode,
 as stock ROCM_ATTN calls it), the asm decode at AITER's default precision, and the asm
 decode at high_precision=2 (the shipped path), for head layouts 40/8, 32/8, 64/8, 32/4,
-seeds 0-2 and context lengths 1, 15, 16, 17, 255, 1000, 4000 (sampled, not swept).
+bf16 and fp16 queries, seeds 0-2 and context lengths 1, 15, 16, 17, 255, 1000, 4000
+(sampled, not swept). Then, through the backend, the probes ``doctor`` runs: KV block
+ids >= 65536 (a 70000-block pool) and CUDA-graph padding rows left finite.
 Every sequence is a fresh draw of fp8 K/V in vLLM's cache layout (K [blocks, kv_heads,
 head/16, 16, 16], V [blocks, kv_heads, head, 16], per-tensor scales), read by every path.
 
@@ -39,15 +41,18 @@ FULL_GRID = dict(
     layouts=[(40, 8), (32, 8), (64, 8), (32, 4)],
     seeds=[0, 1, 2],
     contexts=[1, 15, 16, 17, 255, 1000, 4000],
+    dtypes=[torch.bfloat16, torch.float16],
 )
-SMALL_GRID = dict(layouts=[(40, 8), (32, 4)], seeds=[0], contexts=[1, 15, 16, 17, 255])
+SMALL_GRID = dict(
+    layouts=[(40, 8), (32, 4)], seeds=[0], contexts=[1, 15, 16, 17, 255], dtypes=[torch.bfloat16]
+)
 HEAD_SIZE, BLOCK = 128, 16
 K_SCALE, V_SCALE = 0.5, 0.25
 
 
 @dataclass
 class Case:
-    query: torch.Tensor  # [seqs, heads, 128] bf16
+    query: torch.Tensor  # [seqs, heads, 128] bf16 or fp16
     key_cache: torch.Tensor  # vLLM's K view, uint8
     value_cache: torch.Tensor  # vLLM's V view, uint8
     block_table: torch.Tensor
@@ -60,13 +65,20 @@ class Measurement:
     num_heads: int
     num_kv_heads: int
     seed: int
+    query_dtype: str
     path: str
     max_abs: float
     mean_abs: float
 
 
 def build_case(
-    heads: int, kv_heads: int, seed: int, contexts: Sequence[int], device: str, fp8: torch.dtype
+    heads: int,
+    kv_heads: int,
+    seed: int,
+    contexts: Sequence[int],
+    device: str,
+    fp8: torch.dtype,
+    dtype: torch.dtype = torch.bfloat16,
 ) -> Case:
     """Sequences of the given lengths in a KV cache viewed exactly as ROCM_ATTN views it."""
     from vllm.v1.attention.ops.paged_attn import PagedAttention
@@ -78,7 +90,7 @@ def build_case(
     key_cache, value_cache = PagedAttention.split_kv_cache(raw, kv_heads, HEAD_SIZE)
     order = (torch.randperm(num_blocks - 1, generator=gen) + 1).tolist()
     table = torch.zeros(len(contexts), max(pages) + 1, dtype=torch.int32)
-    query = torch.randn(len(contexts), heads, HEAD_SIZE, generator=gen).bfloat16()
+    query = torch.randn(len(contexts), heads, HEAD_SIZE, generator=gen).to(dtype)
     reference = torch.empty(len(contexts), heads, HEAD_SIZE)
     for i, n in enumerate(contexts):
         blocks = [order.pop() for _ in range(pages[i])]
@@ -155,23 +167,37 @@ def measure(
     contexts,
     device: str,
     fp8: torch.dtype,
+    dtypes: Sequence[torch.dtype] = (torch.bfloat16,),
 ) -> list[Measurement]:
     rows = []
     for heads, kv_heads in layouts:
-        for seed in seeds:
-            case = build_case(heads, kv_heads, seed, contexts, device, fp8)
-            for name, run in paths.items():
-                err = (run(case).float().cpu() - case.reference).abs()
-                rows.append(
-                    Measurement(heads, kv_heads, seed, name, float(err.max()), float(err.mean()))
-                )
+        for dtype in dtypes:
+            for seed in seeds:
+                case = build_case(heads, kv_heads, seed, contexts, device, fp8, dtype)
+                for name, run in paths.items():
+                    err = (run(case).float().cpu() - case.reference).abs()
+                    rows.append(
+                        Measurement(
+                            heads,
+                            kv_heads,
+                            seed,
+                            _dtype_name(dtype),
+                            name,
+                            float(err.max()),
+                            float(err.mean()),
+                        )
+                    )
     return rows
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, str(dtype))
 
 
 def verdict(rows: Sequence[Measurement], checked: str) -> list[str]:
     """Lines naming every measurement of the checked path over the tolerance."""
     return [
-        f"{r.num_heads}/{r.num_kv_heads} seed {r.seed}: max {r.max_abs:.4f} "
+        f"{r.num_heads}/{r.num_kv_heads} {r.query_dtype} seed {r.seed}: max {r.max_abs:.4f} "
         f"(<= {MAX_TOL}), mean {r.mean_abs:.5f} (<= {MEAN_TOL})"
         for r in rows
         if r.path == checked and (r.max_abs > MAX_TOL or r.mean_abs > MEAN_TOL)
@@ -180,12 +206,12 @@ def verdict(rows: Sequence[Measurement], checked: str) -> list[str]:
 
 def render(rows: Sequence[Measurement]) -> str:
     lines = [
-        "| heads (q/kv) | seed | path | max abs error | mean abs error |",
-        "|---|---|---|---|---|",
+        "| heads (q/kv) | query | seed | path | max abs error | mean abs error |",
+        "|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
-            f"| {r.num_heads}/{r.num_kv_heads} | {r.seed} | {r.path} "
+            f"| {r.num_heads}/{r.num_kv_heads} | {r.query_dtype} | {r.seed} | {r.path} "
             f"| {r.max_abs:.4f} | {r.mean_abs:.5f} |"
         )
     lines.append("")
@@ -230,13 +256,22 @@ def main(args: argparse.Namespace) -> int:
         args.contexts or grid["contexts"],
         device,
         fp8,
+        grid["dtypes"],
     )
     print(render(rows))
-    if args.json:
-        Path(args.json).write_text(json.dumps([asdict(r) for r in rows], indent=2))
     over = verdict(rows, checked)
     print(
         f"\n{checked}: "
         + ("within tolerance" if not over else "OVER TOLERANCE: " + "; ".join(over))
     )
-    return 1 if over else 0
+    probes = []
+    if problem is None:
+        from . import selftest
+
+        probes = [selftest.block_id_probe("cuda"), selftest.padding_probe("cuda")]
+        for check in probes:
+            print(f"{check.name}: {'ok' if check.ok else 'FAILED'}: {check.detail}")
+    if args.json:
+        data = {"rows": [asdict(r) for r in rows], "probes": [asdict(c) for c in probes]}
+        Path(args.json).write_text(json.dumps(data, indent=2))
+    return 1 if over or not all(c.ok for c in probes) else 0

@@ -28,11 +28,8 @@ import torch
 from .. import testbed
 from ..aiter_version import BLOCK_ID_LIMIT
 from ..settings import TRUST_ENV
+from .accuracy import MAX_TOL, MEAN_TOL
 
-#: Error bounds of the shipped path against fp32 (``check accuracy``'s, 1.5x the worst
-#: the original change measured for asm ``high_precision=2``: 0.026 / 0.00078).
-MAX_TOL = 0.039
-MEAN_TOL = 0.0012
 #: A pool past the block-id limit, as AITER's own regression test sizes it.
 PROBE_POOL = 70000
 #: Blocks >= 65536 the block-id probe reads, each beside its 16-bit alias.
@@ -46,7 +43,7 @@ class Check:
     detail: str
 
 
-def _cut(heads: int) -> int:
+def sequences_above_cut(heads: int) -> int:
     """Sequences just above the cut for ``heads`` query heads per sequence."""
     from vllm.utils.platform_utils import num_compute_units
 
@@ -118,7 +115,7 @@ def accuracy_probe(
     name = f"selftest-accuracy-{str(dtype).removeprefix('torch.')}"
     num_heads, num_kv_heads = heads
     contexts = [1, 15, 16, 17, 255, 1000, 4000]
-    n = max(_cut(num_heads), len(contexts))
+    n = max(sequences_above_cut(num_heads), len(contexts))
     seq_lens = [contexts[i % len(contexts)] for i in range(n)]
     with _workdir() as tmp:
         model = testbed.build_model(
@@ -156,7 +153,7 @@ def block_id_probe(device: str, heads: tuple[int, int] = (40, 8)) -> Check:
     num_heads, num_kv_heads = heads
     # Rows 0, 2, 4 read a block >= 65536, rows 1, 3, 5 its alias; the rest other blocks.
     pages = [[block] for high in HIGH_BLOCKS for block in (high, high & 0xFFFF)]
-    n = max(_cut(num_heads), len(pages))
+    n = max(sequences_above_cut(num_heads), len(pages))
     pages += [[10000 + i] for i in range(n - len(pages))]
     with _workdir() as tmp, _trusting_aiter():
         model = testbed.build_model(
@@ -204,7 +201,7 @@ def padding_probe(device: str, heads: tuple[int, int] = (40, 8)) -> Check:
     """Real rows and CUDA-graph padding rows in one asm step: padding stays finite."""
     name = "selftest-padding-rows"
     num_heads, num_kv_heads = heads
-    n = _cut(num_heads)
+    n = sequences_above_cut(num_heads)
     with _workdir() as tmp:
         model = testbed.build_model(
             tmp,
