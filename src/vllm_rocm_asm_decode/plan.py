@@ -297,7 +297,7 @@ def parse_aiter_version(text: str) -> str | None:
 
 
 def block_id_sentence(aiter: AiterBuild, num_gpu_blocks: int | None) -> str:
-    """What the AITER version means for this deployment."""
+    """What the AITER version means for this deployment, in one line."""
     if aiter.trusted:
         return (
             f"{describe(aiter.version)}: trusted with KV blocks >= {BLOCK_ID_LIMIT} "
@@ -305,26 +305,22 @@ def block_id_sentence(aiter: AiterBuild, num_gpu_blocks: int | None) -> str:
         )
     if aiter.reads_high_block_ids:
         return (
-            f"{describe(aiter.version)} reads KV blocks >= {BLOCK_ID_LIMIT} right "
+            f"{describe(aiter.version)}: reads KV blocks >= {BLOCK_ID_LIMIT} right "
             f"(fixed in {FIRST_FIXED})"
         )
     who = (
-        f"{describe(aiter.version)} predates"
+        f"{describe(aiter.version)} (before {FIRST_FIXED})"
         if aiter.block_id_fix is False
-        else f"{describe(aiter.version)} (--aiter-version to name one) counts as predating"
+        else f"{describe(aiter.version)} (counts as before {FIRST_FIXED}; --aiter-version V)"
     )
     if num_gpu_blocks is None:
         return (
-            f"{who} the KV block-id fix of {FIRST_FIXED}: a cache of more than "
-            f"{BLOCK_ID_LIMIT} blocks keeps the HIP decode; the block count decides "
-            "(--num-gpu-blocks N, the '# GPU blocks' vLLM logs)"
+            f"{who}: caches over {BLOCK_ID_LIMIT} blocks keep HIP; the block count decides "
+            "(--num-gpu-blocks N)"
         )
     if num_gpu_blocks <= BLOCK_ID_LIMIT:
-        return (
-            f"{who} the KV block-id fix of {FIRST_FIXED}; {num_gpu_blocks} blocks stay "
-            f"within {BLOCK_ID_LIMIT}, so it does not matter here"
-        )
-    return f"{who} the KV block-id fix of {FIRST_FIXED}: {num_gpu_blocks} blocks keep HIP"
+        return f"{who}: {num_gpu_blocks} blocks, within {BLOCK_ID_LIMIT}: no effect"
+    return f"{who}: {num_gpu_blocks} blocks > {BLOCK_ID_LIMIT}: every layer keeps HIP"
 
 
 def make_plan(
@@ -453,7 +449,7 @@ def render(plan: Plan) -> str:
         lines.append(
             f"asm decode: {plan.eligible_layers} of {plan.num_layers} layers eligible; "
             f"{plan.scale_tables} scale table(s), {plan.scale_table_fraction * 100:.3f} % of "
-            f"the KV cache{size} (KV scales: {plan.kv_scales})"
+            f"the KV cache{size}; KV scales: {plan.kv_scales}"
         )
     else:
         lines.append("asm decode: no layer is eligible; every step keeps the HIP decode")

@@ -239,7 +239,9 @@ def test_aiter_version_and_block_count_decide_the_block_id_clause(
     if version == "0.1.16.post5" and blocks == 183104:
         assert plan["reasons"] == [OLD_AITER_REASON]
     if blocks is None:
-        assert "the block count decides" in plan["block_id_clause"]
+        assert "the block count decides (--num-gpu-blocks N)" in plan["block_id_clause"]
+    elif not eligible:
+        assert plan["block_id_clause"].endswith(f"{blocks} blocks > 65536: every layer keeps HIP")
 
 
 def test_trust_switch_applies_in_plan_as_in_vllm(monkeypatch):
@@ -293,9 +295,9 @@ def test_plan_text_names_tables_scales_and_the_aiter_clause(tmp_path, capsys, mo
     args = ["plan", "--model", model, "--aiter-version", "0.1.22", "--num-gpu-blocks", "1000"]
     assert main(args) == 0
     out = capsys.readouterr().out
-    assert "aiter      AITER 0.1.22 reads KV blocks >= 65536 right (fixed in 0.1.17)" in out
+    assert "aiter      AITER 0.1.22: reads KV blocks >= 65536 right (fixed in 0.1.17)" in out
     assert "12 scale table(s), 3.125 % of the KV cache, 5.9 MiB at 1000 blocks" in out
-    assert "(KV scales: checkpoint)" in out
+    assert "; KV scales: checkpoint" in out
 
 
 @pytest.mark.parametrize(
