@@ -85,8 +85,8 @@ def fit_tables(
     """Budget each layer's (K, V) tables, in order, against ``free - margin`` bytes.
 
     Tables that exist already, or that an earlier layer in ``requests`` gets, cost nothing
-    more; a layer fits when the tables it adds fit in what is left. ``free=None`` (no
-    memory figure) lets every layer fit.
+    more; a layer fits when the tables it adds fit in what is left (a layer that adds
+    none always fits). ``free=None`` (no memory figure) lets every layer fit.
     """
     have = set(existing)
     left = None if free is None else free - margin
@@ -97,7 +97,7 @@ def fit_tables(
         needed.update(keys)
         adds = {key for key in keys if key not in have}
         cost = sum(table_bytes(key) for key in adds)
-        ok = left is None or cost <= left
+        ok = left is None or cost == 0 or cost <= left
         if ok:
             have |= adds
             new_bytes += cost
