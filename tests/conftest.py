@@ -74,3 +74,22 @@ def plugin_log():
     yield handler.messages
     log.removeHandler(handler)
     log.setLevel(old_level)
+
+
+@pytest.fixture
+def aiter_version(monkeypatch):
+    """Set the stand-in AITER's version (None: unknown; below 0.1.17 its kernel misreads
+    block ids >= 65536 as AITER's did), with the trust switch unset and the kernel read
+    afresh."""
+    from vllm_rocm_asm_decode.kernel import load_asm_kernel
+
+    def set_version(version: str | None) -> None:
+        if version is None:
+            monkeypatch.delenv("ASM_DECODE_TEST_AITER_VERSION", raising=False)
+        else:
+            monkeypatch.setenv("ASM_DECODE_TEST_AITER_VERSION", version)
+        load_asm_kernel.cache_clear()
+
+    monkeypatch.delenv("VLLM_ROCM_ASM_DECODE_TRUST_AITER", raising=False)
+    yield set_version
+    load_asm_kernel.cache_clear()

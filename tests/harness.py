@@ -10,6 +10,8 @@ as the device kernels do for any layout vLLM hands them.
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -249,3 +251,12 @@ def asm_calls() -> list[dict[str, Any]]:
 
 def reset_asm_calls() -> None:
     asm_calls().clear()
+
+
+def run_console(*args: str) -> subprocess.CompletedProcess[str]:
+    """The installed ``vllm-rocm-asm-decode`` command in a plain environment (none of the
+    tests' stand-ins or settings), as a user on this CPU machine runs it."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "ASM_DECODE"))}
+    env["HIP_VISIBLE_DEVICES"] = ""
+    exe = os.path.join(os.path.dirname(sys.executable), "vllm-rocm-asm-decode")
+    return subprocess.run([exe, *args], env=env, capture_output=True, text=True, timeout=600)

@@ -16,6 +16,7 @@ environment part is still reported.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from importlib.util import find_spec
@@ -64,6 +65,14 @@ def _version(distribution: str) -> str | None:
         return None
 
 
+def _effect(parse: Callable[[], Any], describe_value: Callable[[Any], str]) -> str:
+    """What a plugin setting does now, or why its value is invalid."""
+    try:
+        return describe_value(parse())
+    except settings.SettingError as exc:
+        return f"INVALID: {exc}"
+
+
 def switches() -> list[dict[str, Any]]:
     """Every switch the plugin reads or depends on: raw value and what it does now."""
     import vllm.envs as envs
@@ -90,37 +99,46 @@ def switches() -> list[dict[str, Any]]:
             else "0: the asm decode is off, and vLLM changes other attention choices",
         )
     )
-    try:
-        switch = settings.asm_decode_switch()
-        switch_effect = (
-            "asm decode on (the default): large pure-decode steps run the asm kernel"
-            if switch
-            else "0: the asm decode is off; nothing else changes"
+    rows.append(
+        (
+            settings.SWITCH_ENV,
+            _effect(
+                settings.asm_decode_switch,
+                lambda on: (
+                    "asm decode on (the default): large pure-decode steps run the asm kernel"
+                    if on
+                    else "0: the asm decode is off; nothing else changes"
+                ),
+            ),
         )
-    except settings.SettingError as exc:
-        switch_effect = f"INVALID: {exc}"
-    rows.append((settings.SWITCH_ENV, switch_effect))
-    try:
-        cut = settings.cut_override()
-        cut_effect = (
-            "the cut is 2 x compute units (the default)"
-            if cut is None
-            else f"pure-decode steps above {cut} query heads run asm"
+    )
+    rows.append(
+        (
+            settings.CUT_ENV,
+            _effect(
+                settings.cut_override,
+                lambda cut: (
+                    "the cut is 2 x compute units (the default)"
+                    if cut is None
+                    else f"pure-decode steps above {cut} query heads run asm"
+                ),
+            ),
         )
-    except settings.SettingError as exc:
-        cut_effect = f"INVALID: {exc}"
-    rows.append((settings.CUT_ENV, cut_effect))
-    try:
-        trust = settings.trust_aiter()
-        trust_effect = (
-            f"1: AITER is trusted with KV blocks >= {BLOCK_ID_LIMIT} whatever its version"
-            if trust
-            else f"only AITER {FIRST_FIXED} and later is trusted with KV blocks "
-            f">= {BLOCK_ID_LIMIT} (the default)"
+    )
+    rows.append(
+        (
+            settings.TRUST_ENV,
+            _effect(
+                settings.trust_aiter,
+                lambda trust: (
+                    f"1: AITER is trusted with KV blocks >= {BLOCK_ID_LIMIT} whatever its version"
+                    if trust
+                    else f"only AITER {FIRST_FIXED} and later is trusted with KV blocks "
+                    f">= {BLOCK_ID_LIMIT} (the default)"
+                ),
+            ),
         )
-    except settings.SettingError as exc:
-        trust_effect = f"INVALID: {exc}"
-    rows.append((settings.TRUST_ENV, trust_effect))
+    )
     plugins = envs.VLLM_PLUGINS
     if plugins is None:
         plugins_effect = "every installed plugin loads, this one included (the default)"

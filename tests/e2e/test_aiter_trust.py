@@ -14,30 +14,13 @@ import harness
 from conftest import ARCH
 from rocm_emulation import COMPUTE_UNITS, KERNEL_STANDIN
 from vllm_rocm_asm_decode import scale_tables
-from vllm_rocm_asm_decode.kernel import current_arch, load_asm_kernel
+from vllm_rocm_asm_decode.kernel import current_arch
 
 CUT = 2 * COMPUTE_UNITS[ARCH]
-VERSION_ENV = "ASM_DECODE_TEST_AITER_VERSION"  # the stand-in aiter's version
 #: One layer, 8 query heads over 1 KV head (GQA 8): 4 KiB per K or V page, so a pool past
 #: 65536 blocks costs ~0.6 GB, most of it never touched.
 LARGE_POOL = 70000
 HEADS, KV_HEADS = 8, 1
-
-
-@pytest.fixture
-def aiter_version(monkeypatch):
-    """Set the stand-in AITER's version (None: unknown) and read it afresh."""
-
-    def set_version(version: str | None) -> None:
-        if version is None:
-            monkeypatch.delenv(VERSION_ENV, raising=False)
-        else:
-            monkeypatch.setenv(VERSION_ENV, version)
-        load_asm_kernel.cache_clear()
-
-    monkeypatch.delenv("VLLM_ROCM_ASM_DECODE_TRUST_AITER", raising=False)
-    yield set_version
-    load_asm_kernel.cache_clear()
 
 
 def large_pool_model(tmp_path, num_blocks=LARGE_POOL):

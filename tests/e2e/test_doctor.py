@@ -5,34 +5,15 @@ model), and one JSON object in every case."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 
 import pytest
 
+import harness
 from conftest import ARCH
 from rocm_emulation import COMPUTE_UNITS, KERNEL_STANDIN
 from vllm_rocm_asm_decode import doctor
 from vllm_rocm_asm_decode.cli import main
-from vllm_rocm_asm_decode.kernel import load_asm_kernel
-
-VERSION_ENV = "ASM_DECODE_TEST_AITER_VERSION"
-
-
-@pytest.fixture
-def aiter_version(monkeypatch):
-    def set_version(version: str | None) -> None:
-        if version is None:
-            monkeypatch.delenv(VERSION_ENV, raising=False)
-        else:
-            monkeypatch.setenv(VERSION_ENV, version)
-        load_asm_kernel.cache_clear()
-
-    monkeypatch.delenv("VLLM_ROCM_ASM_DECODE_TRUST_AITER", raising=False)
-    yield set_version
-    load_asm_kernel.cache_clear()
 
 
 def doctor_json(capsys) -> tuple[int, dict]:
@@ -47,12 +28,7 @@ def checks(report: dict) -> dict[str, dict]:
 
 def test_plain_machine_without_rocm_or_aiter_reports_and_exits_2():
     """The installed command in a plain environment (no stand-ins): this CPU machine."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "ASM_DECODE"))}
-    env["HIP_VISIBLE_DEVICES"] = ""
-    exe = os.path.join(os.path.dirname(sys.executable), "vllm-rocm-asm-decode")
-    proc = subprocess.run(
-        [exe, "doctor", "--json"], env=env, capture_output=True, text=True, timeout=600
-    )
+    proc = harness.run_console("doctor", "--json")
     assert proc.returncode == 2, proc.stderr[-2000:]
     report = json.loads(proc.stdout)
     assert report["aiter_version"] is None and report["block_id_fix"] is None

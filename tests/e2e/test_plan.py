@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -182,12 +179,7 @@ def test_config_without_attention_fields(tmp_path, capsys):
 
 def test_console_script_on_a_machine_without_rocm():
     """Installed command, plain environment (no stand-ins): default preset on MI355X."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "ASM_DECODE"))}
-    env["HIP_VISIBLE_DEVICES"] = ""
-    exe = os.path.join(os.path.dirname(sys.executable), "vllm-rocm-asm-decode")
-    proc = subprocess.run(
-        [exe, "plan", "--json"], env=env, capture_output=True, text=True, timeout=600
-    )
+    proc = harness.run_console("plan", "--json")
     assert proc.returncode == 0, proc.stderr[-2000:]
     plan = json.loads(proc.stdout)
     assert plan["gpu"] == "MI355X" and plan["cut_query_heads"] == 512 and plan["eligible"]

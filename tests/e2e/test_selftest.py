@@ -9,22 +9,15 @@ import os
 import pytest
 import torch
 
-from vllm_rocm_asm_decode.kernel import load_asm_kernel
 from vllm_rocm_asm_decode.validation import selftest
 
-VERSION_ENV = "ASM_DECODE_TEST_AITER_VERSION"
 SMALL_POOL_HEADS = (8, 1)  # GQA 8 with one KV head: a 70000-block pool of ~0.3 GB
 
 
 @pytest.fixture
-def stand_in_aiter(monkeypatch, kernels):
-    def set_version(version: str) -> None:
-        monkeypatch.setenv(VERSION_ENV, version)
-        load_asm_kernel.cache_clear()
-
-    monkeypatch.delenv("VLLM_ROCM_ASM_DECODE_TRUST_AITER", raising=False)
-    yield set_version
-    load_asm_kernel.cache_clear()
+def stand_in_aiter(aiter_version, kernels):
+    """The stand-in AITER at a version, with the torch stand-ins for the other kernels."""
+    return aiter_version
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])

@@ -85,9 +85,20 @@ def _not_asm(model: testbed.Model) -> str:
 
 
 @contextlib.contextmanager
-def _workdir() -> Iterator[Path]:
+def _one_layer(
+    device: str, heads: tuple[int, int], num_blocks: int, dtype: torch.dtype = torch.bfloat16
+) -> Iterator[testbed.Model]:
+    """A one-layer model (real vLLM layer, KV cache and builder) in a scratch directory."""
     with tempfile.TemporaryDirectory(prefix="asm-decode-selftest-") as tmp:
-        yield Path(tmp)
+        yield testbed.build_model(
+            Path(tmp),
+            num_heads=heads[0],
+            num_kv_heads=heads[1],
+            num_layers=1,
+            num_blocks=num_blocks,
+            dtype=str(dtype).removeprefix("torch."),
+            device=device,
+        )
 
 
 @contextlib.contextmanager
@@ -117,16 +128,8 @@ def accuracy_probe(
     contexts = [1, 15, 16, 17, 255, 1000, 4000]
     n = max(sequences_above_cut(num_heads), len(contexts))
     seq_lens = [contexts[i % len(contexts)] for i in range(n)]
-    with _workdir() as tmp:
-        model = testbed.build_model(
-            tmp,
-            num_heads=num_heads,
-            num_kv_heads=num_kv_heads,
-            num_layers=1,
-            dtype=str(dtype).removeprefix("torch."),
-            num_blocks=sum(-(-s // 16) for s in seq_lens) + 8,
-            device=device,
-        )
+    num_blocks = sum(-(-s // 16) for s in seq_lens) + 8
+    with _one_layer(device, heads, num_blocks, dtype) as model:
         batch = testbed.make_batch(model, seq_lens, dtype=dtype, seed=1)
         testbed.fill_context(model, batch)
         out = torch.zeros_like(batch.query)
@@ -150,20 +153,11 @@ def block_id_probe(device: str, heads: tuple[int, int] = (40, 8)) -> Check:
     production page size (32 KiB bf16 pages); fp8 pages of 8 heads are 16 KiB.
     """
     name = "selftest-block-id"
-    num_heads, num_kv_heads = heads
     # Rows 0, 2, 4 read a block >= 65536, rows 1, 3, 5 its alias; the rest other blocks.
     pages = [[block] for high in HIGH_BLOCKS for block in (high, high & 0xFFFF)]
-    n = max(sequences_above_cut(num_heads), len(pages))
+    n = max(sequences_above_cut(heads[0]), len(pages))
     pages += [[10000 + i] for i in range(n - len(pages))]
-    with _workdir() as tmp, _trusting_aiter():
-        model = testbed.build_model(
-            tmp,
-            num_heads=num_heads,
-            num_kv_heads=num_kv_heads,
-            num_layers=1,
-            num_blocks=PROBE_POOL,
-            device=device,
-        )
+    with _trusting_aiter(), _one_layer(device, heads, PROBE_POOL) as model:
         assert model.num_blocks > BLOCK_ID_LIMIT
         batch = testbed.make_batch(model, [16] * n, pages=pages, seed=2)
         testbed.fill_context(model, batch)
@@ -200,17 +194,8 @@ def block_id_probe(device: str, heads: tuple[int, int] = (40, 8)) -> Check:
 def padding_probe(device: str, heads: tuple[int, int] = (40, 8)) -> Check:
     """Real rows and CUDA-graph padding rows in one asm step: padding stays finite."""
     name = "selftest-padding-rows"
-    num_heads, num_kv_heads = heads
-    n = sequences_above_cut(num_heads)
-    with _workdir() as tmp:
-        model = testbed.build_model(
-            tmp,
-            num_heads=num_heads,
-            num_kv_heads=num_kv_heads,
-            num_layers=1,
-            num_blocks=n * 8 + 8,
-            device=device,
-        )
+    n = sequences_above_cut(heads[0])
+    with _one_layer(device, heads, n * 8 + 8) as model:
         batch = testbed.make_batch(model, [100] * n, pad_to=n + 8, seed=3)
         testbed.fill_context(model, batch)
         out = torch.zeros_like(batch.query)
