@@ -56,16 +56,14 @@ class _Records(logging.Handler):
 
 @pytest.fixture
 def plugin_log():
-    """Messages of the plugin's logger during one test, with vLLM's once-caches and the
-    plugin's once-per-process announcement reset so every test sees its own lines."""
+    """Messages of the plugin's logger during one test, with vLLM's once-caches reset so
+    every test sees its own lines."""
     from vllm import logger as vllm_logger
 
-    import vllm_rocm_asm_decode.backend as backend
     from vllm_rocm_asm_decode.log import LOGGER_NAME
 
     for fn in (vllm_logger._print_info_once, vllm_logger._print_warning_once):
         fn.cache_clear()
-    backend._announced = False
     handler = _Records()
     log = logging.getLogger(LOGGER_NAME)
     old_level = log.level

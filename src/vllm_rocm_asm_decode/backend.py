@@ -5,17 +5,25 @@ Data flow, decide once and run many:
 1. At the first ``build()`` after the KV cache is bound, the builder loads the AITER
    kernel (:mod:`.kernel`) and decides its layers (:func:`decide_layers`): each layer is
    checked against :mod:`.eligibility`; the scale tables of those that pass are budgeted
-   against free device memory (:mod:`.scale_tables`); the layers that fit keep the
-   cache views the kernel reads and their tables, the rest keep the HIP decode.
+   against the device memory vLLM did not claim (:mod:`.scale_tables`); the layers that
+   fit get an :class:`AsmLayerBinding` (the cache views the kernel reads and their
+   tables), the rest keep the HIP decode.
 2. Every ``build()`` decides the step from host integers (:func:`.decision.step_uses_asm`)
-   and records it in the metadata, so a captured CUDA graph holds one decode kernel.
-3. ``forward`` combines the step with the layer's binding and the call's arguments and
-   either calls ``pa_fwd_asm`` on views it already holds, or runs stock ``forward``.
+   and records it in the metadata, with a reference to the builder's bindings, so a
+   captured CUDA graph holds one decode kernel.
+3. ``forward`` combines the step with its layer's binding and the call's arguments and
+   either calls ``pa_fwd_asm`` on views made at bind time, or runs stock ``forward``.
+
+The bindings belong to the builder, as ``ROCM_AITER_FA``'s scale tables do: vLLM drops
+the builders of its CUDA-graph profiling pass with that pass's small KV cache, and the
+bindings (which hold that cache) go with them. A binding whose cache was re-bound or
+whose scales were reloaded is never used: ``forward`` takes the stock path and marks the
+bindings stale, and the next ``build()`` (never inside a graph capture) decides again.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -33,7 +41,6 @@ from vllm.v1.attention.ops.paged_attn import PagedAttention
 from vllm.v1.kv_cache_interface import AttentionSpec
 
 from . import settings
-from .aiter_version import BLOCK_ID_LIMIT
 from .decision import call_uses_asm, describe_cut, resolve_cut, step_uses_asm
 from .eligibility import VALIDATED_CONTEXT, LayerFacts, rejection_reasons
 from .kernel import AsmKernel, current_arch, load_asm_kernel
@@ -43,20 +50,11 @@ from .scale_tables import (
     TableKey,
     existing_tables,
     fit_tables,
-    free_device_memory,
     mib,
     scale_tables,
     table_key,
+    table_memory,
 )
-
-_announced = False
-
-
-@dataclass
-class RocmAsmDecodeMetadata(RocmAttentionMetadata):
-    """``RocmAttentionMetadata`` plus the step's decode kernel choice."""
-
-    use_asm_decode: bool = False
 
 
 @dataclass(frozen=True)
@@ -74,6 +72,25 @@ class AsmLayerBinding:
     kernel: AsmKernel
 
 
+@dataclass
+class AsmBindings:
+    """The asm bindings of one builder's layers, by layer name."""
+
+    layers: dict[str, AsmLayerBinding] = field(default_factory=dict)
+    #: Set by ``forward`` when a layer's cache or scales changed since binding: the next
+    #: ``build()`` decides every layer again.
+    stale: bool = False
+
+
+@dataclass
+class RocmAsmDecodeMetadata(RocmAttentionMetadata):
+    """``RocmAttentionMetadata`` plus the step's decode kernel choice."""
+
+    use_asm_decode: bool = False
+    #: The builder's bindings (the same object every step; nothing is copied).
+    asm_bindings: AsmBindings | None = None
+
+
 class RocmAsmDecodeImpl(RocmAttentionImpl):
     """``RocmAttentionImpl`` whose pure-decode steps above the cut may run ``pa_fwd_asm``."""
 
@@ -82,11 +99,8 @@ class RocmAsmDecodeImpl(RocmAttentionImpl):
         #: Always 2 (ultra precision) in serving; ``bench kernel --precision default``
         #: sets 1 to time AITER's default-precision kernel on the same path.
         self.asm_high_precision = ULTRA_PRECISION
-        self.asm_binding: AsmLayerBinding | None = None
-        #: Why this layer stays on HIP; None until the layer is decided.
+        #: Why this layer stays on HIP (empty when bound); None until the layer is decided.
         self.asm_rejections: list[str] | None = None
-        #: (kernel, query dtype, max_model_len) of the last decision, to decide again.
-        self._asm_context: tuple[AsmKernel, torch.dtype, int] | None = None
 
     def layer_facts(
         self, kv_cache: torch.Tensor, query_dtype: torch.dtype, max_model_len: int
@@ -108,6 +122,8 @@ class RocmAsmDecodeImpl(RocmAttentionImpl):
             native_kv_layout=has_native_kv_cache_layout(key_cache, value_cache),
             max_model_len=max_model_len,
             num_blocks=key_cache.shape[0],
+            # The block stride the launcher hands the kernel, in bytes.
+            kv_page_bytes=key_cache.stride(0) * key_cache.element_size(),
         )
 
     def _split(self, kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -126,20 +142,15 @@ class RocmAsmDecodeImpl(RocmAttentionImpl):
             table_key(kv_cache.device, num_blocks, num_kv_heads, block_size, layer._v_scale_float),
         )
 
-    def keep_hip(self, reasons: list[str]) -> None:
-        """Decide this layer for the HIP decode, for ``reasons``."""
-        self.asm_rejections = reasons
-        self.asm_binding = None
-
-    def bind_asm(
+    def make_binding(
         self,
         layer: torch.nn.Module,
         kv_cache: torch.Tensor,
         kernel: AsmKernel,
         query_dtype: torch.dtype,
-        max_model_len: int,
-    ) -> None:
-        """Decide this (eligible) layer for the asm decode: make its views and tables."""
+    ) -> AsmLayerBinding:
+        """The views and tables an eligible layer's asm decode reads (allocates its tables
+        when they do not exist yet)."""
         key_cache, value_cache = self._split(kv_cache)
         key_cache = key_cache.view(self.fp8_dtype)
         # [nb, nkv, head_size, 16] is AITER's shuffled [nb, nkv, 16/16, head_size, 16].
@@ -149,9 +160,7 @@ class RocmAsmDecodeImpl(RocmAttentionImpl):
         k_table, v_table = scale_tables(
             kv_cache.device, num_blocks, num_kv_heads, block_size, k_scale, v_scale
         )
-        self.asm_rejections = []
-        self._asm_context = (kernel, query_dtype, max_model_len)
-        self.asm_binding = AsmLayerBinding(
+        return AsmLayerBinding(
             kv_cache=kv_cache,
             key_cache=key_cache,
             value_cache=value_cache,
@@ -163,25 +172,25 @@ class RocmAsmDecodeImpl(RocmAttentionImpl):
             kernel=kernel,
         )
 
-    def _rebind(self, layer: torch.nn.Module, kv_cache: torch.Tensor) -> AsmLayerBinding | None:
-        """The cache was re-bound or the scales reloaded: decide and bind the layer again."""
-        assert self._asm_context is not None
-        decide_layers([(layer, kv_cache)], *self._asm_context, when="after a KV cache re-bind")
-        return self.asm_binding
-
-    def _binding_for_call(
+    def _call_runs_asm(
         self,
+        binding: AsmLayerBinding,
+        bindings: AsmBindings,
         layer: torch.nn.Module,
         query: torch.Tensor,
         kv_cache: torch.Tensor,
         output: torch.Tensor,
         output_quant_requested: bool,
-    ) -> AsmLayerBinding | None:
-        """For a step that chose asm on an eligible layer: the binding to run this call
-        with, or None when the call must take the stock path."""
-        binding = self.asm_binding
-        assert binding is not None
-        if not call_uses_asm(
+    ) -> bool:
+        """For a step that chose asm on a bound layer: whether this call runs it."""
+        if (
+            kv_cache is not binding.kv_cache
+            or layer._k_scale_float != binding.k_scale
+            or layer._v_scale_float != binding.v_scale
+        ):
+            bindings.stale = True  # decided again at the next build(), never here
+            return False
+        return call_uses_asm(
             step_asm=True,
             layer_eligible=True,
             output_quant_requested=output_quant_requested,
@@ -191,15 +200,7 @@ class RocmAsmDecodeImpl(RocmAttentionImpl):
             and query.stride(-1) == 1
             and query.stride(-2) == self.head_size
             and output.is_contiguous(),
-        ):
-            return None
-        if (
-            kv_cache is not binding.kv_cache
-            or layer._k_scale_float != binding.k_scale
-            or layer._v_scale_float != binding.v_scale
-        ):
-            return self._rebind(layer, kv_cache)
-        return binding
+        )
 
     def forward(
         self,
@@ -213,17 +214,20 @@ class RocmAsmDecodeImpl(RocmAttentionImpl):
         output_scale: torch.Tensor | None = None,
         output_block_scale: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        # The step's choice and the layer's eligibility first: one attribute read each,
-        # so steps that stay on stock pay next to nothing for the plugin.
-        if self.asm_binding is not None and getattr(attn_metadata, "use_asm_decode", False):
-            binding = self._binding_for_call(
+        # The step's choice first (one attribute read), so steps that stay on stock pay
+        # next to nothing for the plugin; then the layer's binding (one dict lookup).
+        if getattr(attn_metadata, "use_asm_decode", False):
+            bindings = attn_metadata.asm_bindings
+            binding = bindings.layers.get(layer.layer_name)
+            if binding is not None and self._call_runs_asm(
+                binding,
+                bindings,
                 layer,
                 query,
                 kv_cache,
                 output,
                 output_scale is not None or output_block_scale is not None,
-            )
-            if binding is not None:
+            ):
                 num_tokens = attn_metadata.num_actual_tokens
                 block_table = attn_metadata.block_table
                 binding.kernel.run(
@@ -264,7 +268,7 @@ class RocmAsmDecodeMetadataBuilder(RocmAttentionMetadataBuilder):
     ) -> None:
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
         self.asm_layers_bound = False
-        self.asm_eligible_layers = 0
+        self.asm_bindings = AsmBindings()
         self.asm_cut = 0
 
     def build(
@@ -274,16 +278,22 @@ class RocmAsmDecodeMetadataBuilder(RocmAttentionMetadataBuilder):
         fast_build: bool = False,
     ) -> RocmAsmDecodeMetadata:
         metadata = super().build(common_prefix_len, common_attn_metadata, fast_build)
-        if not self.asm_layers_bound:
+        if not self.asm_layers_bound or self.asm_bindings.stale:
             self._bind_layers()
-        use_asm = self.asm_eligible_layers > 0 and step_uses_asm(
+        use_asm = bool(self.asm_bindings.layers) and step_uses_asm(
             max_query_len=metadata.max_query_len,
             num_tokens=metadata.num_actual_tokens,
             num_reqs=metadata.seq_lens.shape[0],
             num_heads=self.num_heads_q,
             cut=self.asm_cut,
         )
-        return RocmAsmDecodeMetadata(**vars(metadata), use_asm_decode=use_asm)
+        return RocmAsmDecodeMetadata(
+            **vars(metadata), use_asm_decode=use_asm, asm_bindings=self.asm_bindings
+        )
+
+    def binding(self, layer_name: str) -> AsmLayerBinding | None:
+        """The asm binding of one of this builder's layers; None when it keeps HIP."""
+        return self.asm_bindings.layers.get(layer_name)
 
     def _bind_layers(self) -> None:
         layers = [
@@ -295,8 +305,10 @@ class RocmAsmDecodeMetadataBuilder(RocmAttentionMetadataBuilder):
         ]
         cached = [layer for layer in layers if layer.impl.attn_type == AttentionType.DECODER]
         if any(layer.kv_cache.dim() != 4 for layer in cached):
-            return  # the KV cache is not bound yet (profiling): decide at a later build
+            return  # the KV cache is not bound yet: decide at a later build
+        again = self.asm_layers_bound
         self.asm_layers_bound = True
+        self.asm_bindings = AsmBindings()
         arch = current_arch()
         kernel, why_not = load_asm_kernel(arch)
         if kernel is None:
@@ -314,22 +326,26 @@ class RocmAsmDecodeMetadataBuilder(RocmAttentionMetadataBuilder):
 
         compute_units = num_compute_units()
         self.asm_cut = resolve_cut(compute_units)
-        model_config = self.vllm_config.model_config
         for layer in layers:
             if layer.impl.attn_type != AttentionType.DECODER:
                 # Encoder attention has no paged KV cache to decode from.
-                layer.impl.keep_hip(["not decoder self-attention"])
-        eligible = decide_layers(
+                layer.impl.asm_rejections = ["not decoder self-attention"]
+        cache_config = self.vllm_config.cache_config
+        model_config = self.vllm_config.model_config
+        self.asm_bindings.layers = decide_layers(
             [(layer, layer.kv_cache) for layer in cached],
             kernel,
             model_config.dtype,
             model_config.max_model_len,
+            # Tables may take only memory vLLM did not claim for itself.
+            None if cache_config.kv_cache_memory_bytes else cache_config.gpu_memory_utilization,
         )
+        when = "after a KV cache re-bind or scale reload, " if again else ""
         for layer in layers:
             for reason in layer.impl.asm_rejections or ():
-                logger.info_once("ROCM_ATTN asm decode: layers with %s keep the HIP decode", reason)
-        self.asm_eligible_layers = eligible
-        _announce(self, arch, compute_units, eligible, len(layers), model_config.max_model_len)
+                log = logger.warning_once if again else logger.info_once
+                log("ROCM_ATTN asm decode: %slayers with %s keep the HIP decode", when, reason)
+        _announce(self, arch, compute_units, len(layers), cached, model_config.max_model_len)
 
 
 def decide_layers(
@@ -337,100 +353,96 @@ def decide_layers(
     kernel: AsmKernel,
     query_dtype: torch.dtype,
     max_model_len: int,
-    when: str | None = None,
-) -> int:
-    """Decide decoder layers (with their bound caches) for asm or HIP; returns how many
-    are bound for asm.
+    memory_fraction: float | None = None,
+) -> dict[str, AsmLayerBinding]:
+    """Decide decoder layers (with their bound caches) for asm or HIP; returns the
+    bindings of those bound for asm, by layer name, and leaves every layer's reasons in
+    ``impl.asm_rejections``.
 
     Each layer is checked against the rule; the scale tables of those that pass are
-    budgeted against one free-memory reading of their device, in layer order, and the
-    layers whose tables do not fit keep the HIP decode too. ``when`` (e.g. after a
-    re-bind) makes every reason a warning that says so.
+    budgeted, in layer order, against one memory reading of their device (capped to what
+    ``memory_fraction``, vLLM's ``gpu_memory_utilization``, left unclaimed), and the
+    layers whose tables do not fit keep the HIP decode too.
     """
     candidates = []
+    old_aiter_kept_hip = False
     for layer, kv_cache in entries:
-        impl = layer.impl
-        reasons = rejection_reasons(
-            impl.layer_facts(kv_cache, query_dtype, max_model_len), kernel.table, kernel.aiter
-        )
-        if reasons:
-            impl.keep_hip(reasons)
-        else:
+        facts = layer.impl.layer_facts(kv_cache, query_dtype, max_model_len)
+        reasons = rejection_reasons(facts, kernel.table, kernel.aiter)
+        layer.impl.asm_rejections = reasons
+        if not reasons:
             candidates.append((layer, kv_cache))
+        elif kernel.aiter.block_id_problem(facts.num_blocks or 0, facts.kv_page_bytes):
+            old_aiter_kept_hip = True
+    bindings: dict[str, AsmLayerBinding] = {}
     if candidates:
         device = candidates[0][1].device
         budget = fit_tables(
             [layer.impl.scale_table_keys(layer, kv_cache) for layer, kv_cache in candidates],
-            free_device_memory(device),
+            table_memory(device, memory_fraction),
             existing_tables(),
         )
         kv_bytes = sum(
             {kv.data_ptr(): kv.numel() * kv.element_size() for _, kv in entries}.values()
         )
+        fitting = sum(budget.fits)
         logger.info(
             "ROCM_ATTN asm decode: %d scale table(s) for %d layer(s), %s, %.3f %% of their "
-            "KV cache",
+            "KV cache%s",
             budget.tables,
             len(candidates),
             mib(budget.bytes),
             100 * budget.bytes / max(kv_bytes, 1),
+            ""
+            if fitting == len(candidates)
+            else f"; {mib(budget.new_bytes)} of them fit for {fitting} layer(s)",
         )
         no_room = (
-            f"scale tables that do not fit in free device memory ({mib(budget.free or 0)} "
-            f"free on {device}, {mib(budget.margin)} kept spare)"
+            f"scale tables that do not fit in the free device memory vLLM left "
+            f"({mib(budget.free or 0)} on {device}, {mib(budget.margin)} kept spare)"
         )
         for (layer, kv_cache), fits in zip(candidates, budget.fits, strict=True):
             if fits:
-                layer.impl.bind_asm(layer, kv_cache, kernel, query_dtype, max_model_len)
-            else:
-                layer.impl.keep_hip([no_room])
-    hint = False
-    for layer, kv_cache in entries:
-        reasons = layer.impl.asm_rejections or []
-        if when is not None:
-            for reason in reasons:
-                logger.warning_once(
-                    "ROCM_ATTN asm decode: %s, layers with %s keep the HIP decode", when, reason
+                bindings[layer.layer_name] = layer.impl.make_binding(
+                    layer, kv_cache, kernel, query_dtype
                 )
-        problem = kernel.aiter.block_id_problem(layer.impl._split(kv_cache)[0].shape[0])
-        hint = hint or (problem is not None and problem in reasons)
-    if hint:
+            else:
+                layer.impl.asm_rejections = [no_room]
+    if old_aiter_kept_hip:
         logger.warning_once(
             "ROCM_ATTN asm decode: if `vllm-rocm-asm-decode doctor` passes its block-id probe "
-            "on this GPU, %s=1 lets caches of more than %d blocks use the asm decode with "
-            "this AITER",
+            "on this GPU, %s=1 lets these caches use the asm decode with this AITER",
             settings.TRUST_ENV,
-            BLOCK_ID_LIMIT,
         )
-    return sum(layer.impl.asm_binding is not None for layer, _ in entries)
+    return bindings
 
 
 def _announce(
     builder: RocmAsmDecodeMetadataBuilder,
     arch: str,
     compute_units: int,
-    eligible: int,
     total: int,
+    cached: list[Attention],
     max_model_len: int,
 ) -> None:
-    """One info line per process: what is active and where."""
-    global _announced
-    if _announced:
-        return
-    _announced = True
-    logger.info(
-        "ROCM_ATTN asm decode: %d of %d layers eligible on %s; pure-decode steps above "
-        "%d query heads (%s) run aiter.pa_fwd_asm with high_precision=%d, the rest the "
-        "HIP decode",
-        eligible,
+    """One info line per decision (vLLM's CUDA-graph profiling pass, on its small cache,
+    then the real cache, then any other KV cache group): what is active and where."""
+    bound = len(builder.asm_bindings.layers)
+    blocks = sorted({layer.kv_cache.shape[0] for layer in cached})
+    logger.info_once(
+        "ROCM_ATTN asm decode: %d of %d layers eligible on %s (KV cache of %s blocks); "
+        "pure-decode steps above %d query heads (%s) run aiter.pa_fwd_asm with "
+        "high_precision=%d, the rest the HIP decode",
+        bound,
         total,
         arch or "an unknown GPU architecture",
+        "/".join(map(str, blocks)) or "no",
         builder.asm_cut,
         describe_cut(compute_units),
         ULTRA_PRECISION,
     )
-    if eligible and max_model_len > VALIDATED_CONTEXT:
-        logger.info(
+    if bound and max_model_len > VALIDATED_CONTEXT:
+        logger.info_once(
             "ROCM_ATTN asm decode: contexts above %d tokens (max_model_len %d) are not "
             "validated on hardware",
             VALIDATED_CONTEXT,

@@ -54,6 +54,8 @@ class LayerFacts:
     #: Blocks in the layer's KV cache; None where not known yet (``plan`` without
     #: ``--num-gpu-blocks``), which leaves the block-id clause undecided.
     num_blocks: int | None = None
+    #: Bytes from one K page to the next (the block stride the launcher passes).
+    kv_page_bytes: int | None = None
 
 
 def hardcoded_softmax_scale(head_size: int) -> float:
@@ -120,7 +122,9 @@ def rejection_reasons(facts: LayerFacts, kernels: KernelTable, aiter: AiterBuild
     # Envelope of the HIP kernel it replaces.
     if f.max_model_len > MAX_MODEL_LEN:
         reasons.append(f"max_model_len {f.max_model_len} > {MAX_MODEL_LEN}")
-    # AITER before 0.1.17 reads block ids >= 65536 as id & 0xFFFF, silently.
-    if f.num_blocks is not None and (problem := aiter.block_id_problem(f.num_blocks)):
+    # AITER before 0.1.17 misaddresses blocks >= 65536 or past 2 GiB, silently.
+    if f.num_blocks is not None and (
+        problem := aiter.block_id_problem(f.num_blocks, f.kv_page_bytes)
+    ):
         reasons.append(problem)
     return reasons

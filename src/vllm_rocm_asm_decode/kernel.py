@@ -50,14 +50,15 @@ class AsmKernel:
 
 def current_arch() -> str:
     """The running GPU's architecture (e.g. ``gfx950``): vLLM's resolved name, else the
-    one torch reports for device 0, else ``""`` (unknown)."""
+    one torch reports for the current device, else ``""`` (unknown)."""
     from vllm.platforms import rocm
 
     arch = normalize_arch(getattr(rocm, "_GCN_ARCH", "") or "")
     if arch:
         return arch
     try:
-        return normalize_arch(torch.cuda.get_device_properties(0).gcnArchName or "")
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        return normalize_arch(props.gcnArchName or "")
     except Exception:  # no GPU, a torch without ROCm, or no gcnArchName
         return ""
 

@@ -7,9 +7,10 @@ and this module uses the very instance ``ROCM_AITER_FA``'s builder holds, so eve
 layer, builder and backend with equal scales shares one allocation.
 
 Tables are allocated after vLLM has sized the KV cache, so they are budgeted first
-(:func:`fit_tables`): with calibrated per-layer KV scales every layer needs a K and a V
-table of its own (about 3 % of the KV cache), which a high ``--gpu-memory-utilization``
-may not leave room for. Layers whose tables do not fit keep the HIP decode.
+(:func:`fit_tables`) against the memory vLLM did not claim (:func:`table_memory`): with
+calibrated per-layer KV scales every layer needs a K and a V table of its own (about 3 %
+of the KV cache), which a high ``--gpu-memory-utilization`` may not leave room for.
+Layers whose tables do not fit keep the HIP decode.
 """
 
 from __future__ import annotations
@@ -23,8 +24,10 @@ from vllm.v1.attention.backends.rocm_aiter_fa import (
     AsmKvScaleTables,
 )
 
-#: Free device memory kept spare after the tables: vLLM sized the KV cache before they
-#: exist, and the allocator, CUDA-graph capture and other processes need headroom.
+from .log import logger
+
+#: Device memory kept spare below the budget, for the allocator's rounding and
+#: fragmentation and for other processes on the GPU.
 MEMORY_MARGIN = 512 * 1024**2
 
 #: A table as ``AsmKvScaleTables`` keys it: (device, num_blocks, num_kv_heads,
@@ -49,14 +52,25 @@ def table_bytes(key: TableKey) -> int:
     return num_blocks * num_kv_heads * block_size * 4  # fp32
 
 
-def free_device_memory(device: torch.device) -> int | None:
-    """Free bytes on ``device`` (one ``torch.cuda.mem_get_info``), or None where the
-    device reports no figure (the CPU)."""
+def table_memory(device: torch.device, claimed_fraction: float | None = None) -> int | None:
+    """Bytes the tables may take on ``device``, from one ``torch.cuda.mem_get_info``: the
+    free memory, capped to the share vLLM left unclaimed (``1 - gpu_memory_utilization``
+    of the total; the rest of the free memory is headroom vLLM counted on for
+    activations and CUDA graphs). None where the device reports no figure (the CPU)."""
     try:
-        free, _total = torch.cuda.mem_get_info(device)
-    except Exception:  # not a GPU device, or no GPU runtime
+        free, total = torch.cuda.mem_get_info(device)
+    except Exception as exc:  # not a GPU device, or no GPU runtime
+        if device.type == "cuda":
+            logger.warning_once(
+                "ROCM_ATTN asm decode: no free-memory figure for %s (%s); scale tables are "
+                "not budgeted",
+                device,
+                exc,
+            )
         return None
-    return int(free)
+    if claimed_fraction is None:
+        return int(free)
+    return int(min(free, total * (1 - claimed_fraction)))
 
 
 @dataclass(frozen=True)
@@ -71,7 +85,8 @@ class TableBudget:
     new_bytes: int
     #: Per requesting layer, in order: whether its tables fit.
     fits: list[bool]
-    #: Free device memory at the check; None when the device reports none.
+    #: The memory the tables could take (see :func:`table_memory`); None when the
+    #: device reports no figure.
     free: int | None
     margin: int
 

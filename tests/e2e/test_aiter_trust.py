@@ -135,14 +135,14 @@ def fresh_store(monkeypatch):
 
 @pytest.fixture
 def device_memory(monkeypatch):
-    """``torch.cuda.mem_get_info`` answering a chosen free figure for any device; records
-    every query."""
+    """``torch.cuda.mem_get_info`` answering chosen free and total figures for any device;
+    records every query."""
     queries: list[object] = []
-    answer = {"free": 0}
+    answer = {"free": 0, "total": 192 * 1024**3}
 
     def mem_get_info(device=None):
         queries.append(device)
-        return answer["free"], 192 * 1024**3
+        return answer["free"], answer["total"]
 
     monkeypatch.setattr(torch.cuda, "mem_get_info", mem_get_info)
     return answer, queries
@@ -164,17 +164,21 @@ def test_per_layer_scales_that_do_not_fit_keep_hip_never_oom(
     batch = harness.make_batch(model, [40] * 20)
     metadata = model.builder.build(0, batch.common)
     assert metadata.use_asm_decode
-    bound = [layer.impl.asm_binding is not None for layer in model.layers.values()]
+    bound = [model.builder.binding(name) is not None for name in model.names]
     assert bound == [True, True, False, False]
     assert len(scale_tables.shared_scale_tables().tables) == 4  # only what was bound
     rejected = model.layers[model.names[2]].impl.asm_rejections
-    assert rejected and "do not fit in free device memory" in rejected[0]
+    assert rejected == [
+        "scale tables that do not fit in the free device memory vLLM left "
+        f"({(scale_tables.MEMORY_MARGIN + 5 * one) / 1024**2:.1f} MiB on cpu, 512.0 MiB kept spare)"
+    ]
     assert any("layers with scale tables that do not fit" in m for m in plugin_log)
     kv = sum(layer.kv_cache.numel() for layer in model.layers.values())  # fp8: 1 byte
     line = [m for m in plugin_log if "scale table(s)" in m]
     assert line == [
         f"ROCM_ATTN asm decode: 8 scale table(s) for 4 layer(s), "
-        f"{8 * one / 1024**2:.1f} MiB, {100 * 8 * one / kv:.3f} % of their KV cache"
+        f"{8 * one / 1024**2:.1f} MiB, {100 * 8 * one / kv:.3f} % of their KV cache; "
+        f"{4 * one / 1024**2:.1f} MiB of them fit for 2 layer(s)"
     ]
     model.builder.build(0, batch.common)
     model.builder.build(0, harness.make_batch(model, [40] * 4).common)
@@ -190,16 +194,31 @@ def test_equal_scales_need_one_table_whatever_the_layer_count(
     model = harness.build_model(tmp_path, num_layers=4, num_blocks=64, scales=[(0.5, 0.5)] * 4)
     answer["free"] = scale_tables.MEMORY_MARGIN + table_bytes(model)  # exactly one table
     model.builder.build(0, harness.make_batch(model, [40] * 20).common)
-    assert all(layer.impl.asm_binding is not None for layer in model.layers.values())
+    assert all(model.builder.binding(name) is not None for name in model.names)
     assert any("1 scale table(s) for 4 layer(s)" in m for m in plugin_log)
+
+
+def test_tables_take_only_memory_vllm_did_not_claim(tmp_path, kernels, fresh_store, device_memory):
+    """Free memory beyond 1 - gpu_memory_utilization of the total is headroom vLLM counted
+    on (activations, CUDA graphs): the budget is capped to the unclaimed share."""
+    answer, _ = device_memory
+    scales = [(0.5 + i / 64, 0.25 + i / 64) for i in range(4)]
+    model = harness.build_model(tmp_path, num_layers=4, num_blocks=64, scales=scales)
+    one = table_bytes(model)
+    util = model.vllm_config.cache_config.gpu_memory_utilization
+    answer["free"] = 100 * 1024**3  # plenty free...
+    answer["total"] = int((scale_tables.MEMORY_MARGIN + 3 * one) / (1 - util)) + 1024  # ...
+    model.builder.build(0, harness.make_batch(model, [40] * 20).common)
+    # ...but only margin + 3 tables left unclaimed: one layer's K and V tables fit.
+    assert [model.builder.binding(n) is not None for n in model.names] == [True] + [False] * 3
 
 
 def test_a_device_without_a_memory_figure_skips_the_check(tmp_path, kernels, fresh_store):
     """On the CPU ``torch.cuda.mem_get_info`` has no answer: every eligible layer binds."""
-    assert scale_tables.free_device_memory(torch.device("cpu")) is None
+    assert scale_tables.table_memory(torch.device("cpu"), 0.9) is None
     model = harness.build_model(tmp_path, num_layers=3, num_blocks=64, scales=[(0.5, 0.7)] * 3)
     model.builder.build(0, harness.make_batch(model, [40] * 20).common)
-    assert all(layer.impl.asm_binding is not None for layer in model.layers.values())
+    assert all(model.builder.binding(name) is not None for name in model.names)
 
 
 # --------------------------------------------------------------------------------------
@@ -210,6 +229,7 @@ def test_arch_falls_back_to_torch_then_to_unknown(tmp_path, kernels, plugin_log,
     from vllm.platforms import rocm
 
     monkeypatch.setattr(rocm, "_GCN_ARCH", "")
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(
         torch.cuda,
         "get_device_properties",

@@ -59,4 +59,4 @@ def test_gqa_kernels_follow_the_arch_table(tmp_path):
         )
         model.builder.build(0, harness.make_batch(model, [20] * 16).common)
         impl = model.layers[model.names[0]].impl
-        assert (impl.asm_binding is not None) is ok, impl.asm_rejections
+        assert (model.builder.binding(model.names[0]) is not None) is ok, impl.asm_rejections

@@ -150,20 +150,26 @@ def test_output_quant_fp8_query_and_strided_output_calls_stay_on_stock(
     assert len(harness.asm_calls()) == 1 and len(stock_calls) == 4
 
 
-def test_scale_reload_rebinds_tables_and_cache_swap_rebinds_views(tmp_path, kernels):
+def test_scale_reload_is_decided_again_at_the_next_build(tmp_path, kernels):
+    """A binding made for other scales is never used: that call takes the stock path and
+    the next build() (outside any graph capture) binds the new tables."""
     model = harness.build_model(tmp_path, num_layers=1, scales=[(1.0, 1.0)])
     name = model.names[0]
     layer = model.layers[name]
     batch, metadata = decode(model, [40] * 16)
     harness.run_layer(model, name, batch, metadata)
-    first = layer.impl.asm_binding
+    first = model.builder.binding(name)
     harness.set_layer_scales(layer, 0.5, 0.5)  # weights reloaded with new scales
     batch, metadata = decode(model, [40] * 16, seed=1)
+    check_all_layers(model, batch, metadata)  # stale: stock, still right
+    assert (len(harness.asm_calls()), kernels.hip_decode) == (1, 1)
+    assert metadata.asm_bindings.stale
+    batch, metadata = decode(model, [40] * 16, seed=2)
     check_all_layers(model, batch, metadata)
-    second = layer.impl.asm_binding
+    second = model.builder.binding(name)
     assert second is not first and second.k_scale == 0.5
     assert float(second.k_scale_table[0, 0, 0]) == 0.5
-    assert len(harness.asm_calls()) == 2
+    assert (len(harness.asm_calls()), kernels.hip_decode) == (2, 1)
 
 
 def test_the_view_the_kernel_gets_is_the_bound_cache(tmp_path, kernels):
@@ -190,14 +196,18 @@ def test_a_rebound_cache_is_decided_again(tmp_path, kernels, plugin_log, monkeyp
     layer = model.layers[name]
     batch, metadata = decode(model, [40] * 16)
     harness.run_layer(model, name, batch, metadata)
-    first = layer.impl.asm_binding
-    # The same layout in new memory: bound again, asm keeps running on the new cache.
+    first = model.builder.binding(name)
+    # The same layout in new memory: the old views are never used again; the next build
+    # binds the new cache and asm runs on it.
     old = layer.kv_cache
     layer.kv_cache = torch.empty_strided(old.shape, old.stride(), dtype=old.dtype)
     layer.kv_cache.copy_(old)
     check_all_layers(model, batch, metadata)
-    assert layer.impl.asm_binding is not first
-    assert layer.impl.asm_binding.kv_cache is layer.kv_cache
+    assert (len(harness.asm_calls()), kernels.hip_decode) == (1, 1)
+    batch, metadata = decode(model, [40] * 16, seed=1)
+    check_all_layers(model, batch, metadata)
+    assert model.builder.binding(name) is not first
+    assert model.builder.binding(name).kv_cache is layer.kv_cache
     assert len(harness.asm_calls()) == 2
     # K and V pages interleaved (LBHNC strides): refused, stock path, and the log says why.
     stock_calls = []
@@ -207,7 +217,31 @@ def test_a_rebound_cache_is_decided_again(tmp_path, kernels, plugin_log, monkeyp
         old.shape, (2 * side, side, *old.stride()[2:]), dtype=old.dtype
     )
     out = torch.empty_like(batch.query)
-    layer.impl.forward(layer, batch.query, batch.key, batch.value, layer.kv_cache, metadata, out)
-    assert stock_calls == [1] and len(harness.asm_calls()) == 2
-    assert layer.impl.asm_binding is None
+    for _ in range(2):  # the stale call, then the call after the builder decided again
+        metadata = model.builder.build(0, batch.common)
+        layer.impl.forward(
+            layer, batch.query, batch.key, batch.value, layer.kv_cache, metadata, out
+        )
+    assert stock_calls == [1, 1] and len(harness.asm_calls()) == 2
+    assert model.builder.binding(name) is None and not metadata.use_asm_decode
     assert any("re-bind" in m and "not dense" in m for m in plugin_log)
+
+
+def test_the_bindings_live_with_the_builder_not_the_layer(tmp_path, kernels):
+    """vLLM's CUDA-graph profiling pass binds a small KV cache, then drops its builders
+    and that cache: nothing on the layer may keep the cache alive."""
+    import gc
+    import weakref
+
+    model = harness.build_model(tmp_path, num_layers=2)
+    decode(model, [40] * 16)
+    layer = model.layers[model.names[0]]
+    cache = weakref.ref(layer.kv_cache.untyped_storage())
+    assert model.builder.binding(model.names[0]).kv_cache is layer.kv_cache
+    held_by_impl = [v for v in vars(layer.impl).values() if isinstance(v, torch.Tensor)]
+    assert not any(t.untyped_storage() is cache() for t in held_by_impl)
+    model.builder = None
+    for layer in model.layers.values():  # vLLM's _cleanup_profiling_kv_cache
+        layer.kv_cache = torch.tensor([])
+    gc.collect()
+    assert cache() is None

@@ -60,7 +60,7 @@ def test_ineligible_layer_keeps_stock_path_and_says_why(
     batch = harness.make_batch(model, [40] * 32, dtype=dtype)  # 32 x heads > cut
     metadata = model.builder.build(0, batch.common)
     assert layer.impl.asm_rejections and any(reason in r for r in layer.impl.asm_rejections)
-    assert layer.impl.asm_binding is None
+    assert model.builder.binding(name) is None
     assert not metadata.use_asm_decode  # no eligible layer in the group: never asm
     out = torch.empty_like(batch.query)
     layer.impl.forward(layer, batch.query, batch.key, batch.value, layer.kv_cache, metadata, out)

@@ -29,7 +29,7 @@ def test_fp8_block16_interleaved_v_is_read_right_by_the_asm_path(tmp_path, kerne
     batch = harness.make_batch(model, [70, 16, 3, 40] * 5)  # 20 x 40 heads > cut
     harness.fill_context(model, batch)
     metadata = model.builder.build(0, batch.common)
-    assert metadata.use_asm_decode and layer.impl.asm_binding is not None
+    assert metadata.use_asm_decode and model.builder.binding(name) is not None
     out = harness.run_layer(model, name, batch, metadata)
     assert len(harness.asm_calls()) == 1 and kernels.hip_decode == 0
     torch.testing.assert_close(
@@ -73,5 +73,5 @@ def test_fp8_block32_interleaved_v_differs_from_the_plain_page_and_is_refused(
     torch.testing.assert_close(packed[:, :seq], want, atol=0, rtol=0)
     assert not torch.equal(plain[:, :seq], want)
     metadata = model.builder.build(0, batch.common)
-    assert not metadata.use_asm_decode and layer.impl.asm_binding is None
+    assert not metadata.use_asm_decode and model.builder.binding(name) is None
     assert any("block size 32" in m for m in plugin_log)

@@ -11,7 +11,7 @@ from vllm_rocm_asm_decode.scale_tables import shared_scale_tables
 def bind(model):
     batch = harness.make_batch(model, [20] * 16)
     model.builder.build(0, batch.common)
-    return [layer.impl.asm_binding for layer in model.layers.values()]
+    return [model.builder.binding(name) for name in model.names]
 
 
 def test_store_is_the_one_rocm_aiter_fa_uses():

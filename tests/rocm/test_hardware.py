@@ -84,14 +84,14 @@ def test_asm_through_the_backend_matches_reference_and_contract_model(
     metadata = model.builder.build(0, batch.common)
     name = model.names[0]
     layer = model.layers[name]
-    assert metadata.use_asm_decode and layer.impl.asm_binding is not None
+    assert metadata.use_asm_decode and model.builder.binding(name) is not None
     out = harness.run_layer(model, name, batch, metadata)
     torch.cuda.synchronize()
     ref = harness.reference(model, batch, layer)
     max_err, mean_err = errors(out, ref)
     assert max_err <= ASM_MAX and mean_err <= ASM_MEAN, (max_err, mean_err)
     # The contract model on the very views and tables the kernel got, moved to the CPU.
-    b = layer.impl.asm_binding
+    b = model.builder.binding(name)
     kernel, _ = load_asm_kernel(current_arch())
     model_out = PagedAttentionAsmModel(kernel.table)(
         batch.query.cpu(),

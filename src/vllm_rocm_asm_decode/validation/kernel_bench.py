@@ -147,7 +147,7 @@ def measure(case: tuple[int, int, int, int], precision: int, iters: int) -> Timi
     batch = testbed.make_batch(model, [ctx] * n, contexts=False)
     metadata = model.builder.build(0, batch.common)
     impl = layer.impl
-    if impl.asm_binding is None:
+    if model.builder.binding(model.names[0]) is None:
         raise RuntimeError(f"{h}/{kvh} is not eligible: {impl.asm_rejections}")
     impl.asm_high_precision = precision
     out = torch.empty_like(batch.query)
