@@ -332,7 +332,10 @@ def _block_id_check(aiter: AiterBuild, probe: Check | None = None) -> Check:
 
 
 def self_test(
-    report: Report, device: str = "cuda", block_id_heads: tuple[int, int] = (40, 8)
+    report: Report,
+    device: str = "cuda",
+    block_id_heads: tuple[int, int] = (40, 8),
+    block_id_pool: int | None = None,
 ) -> None:
     """Run the GPU probes through the backend and fold them into ``report``."""
     from .validation.gpu import rocm_gpu_problem
@@ -354,7 +357,7 @@ def self_test(
     os.environ.pop(settings.CUT_ENV, None)
     rocm_aiter_ops.refresh_env_variables()
     register_backend(AttentionBackendEnum.ROCM_ATTN, BACKEND_PATH)
-    probes = selftest.run_all(device, block_id_heads)
+    probes = selftest.run_all(device, block_id_heads, block_id_pool)
     block_probe = next(c for c in probes if c.name == "selftest-block-id")
     aiter = AiterBuild(report.aiter_version)
     report.checks = [

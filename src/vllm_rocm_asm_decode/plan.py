@@ -236,28 +236,40 @@ def layer_facts(model_config, *, tp: int, kv_cache_dtype: str, block_size: int) 
                 # ROCM_ATTN's preferred layout (LHBNC) keeps K and V pages dense.
                 native_kv_layout=True,
                 max_model_len=model_config.max_model_len,
+                # One dense K page of the layer (the block stride the launcher passes).
+                kv_page_bytes=num_kv_heads
+                * head_size
+                * block_size
+                * kv_element_size(kv_cache_dtype),
             )
         )
     return facts
 
 
-def table_count(facts: list[LayerFacts], eligible: list[bool], scales: list[tuple[float, float]]):
-    """Distinct tables vLLM's shared ``AsmKvScaleTables`` allocate for the eligible layers
-    (one per distinct K or V scale), and their bytes per KV cache block."""
-    from vllm.v1.attention.backends.rocm_aiter_fa import AsmKvScaleTables
+def table_count(
+    facts: list[LayerFacts], eligible: list[bool], scales: list[tuple[float, float]]
+) -> tuple[int, int]:
+    """Distinct tables the backend's shared store holds for the eligible layers (one per
+    distinct K or V scale), and their bytes per KV cache block: the backend's own
+    counting (:func:`~.scale_tables.fit_tables`) over one-block keys."""
+    from .scale_tables import fit_tables, table_key
 
-    store = AsmKvScaleTables()  # on the meta device: allocates nothing
-    for f, ok, (k_scale, v_scale) in zip(facts, eligible, scales, strict=True):
-        if ok:
-            for scale in (k_scale, v_scale):
-                store.get("meta", 1, f.num_kv_heads, f.block_size, scale)
-    per_block = sum(t.numel() * t.element_size() for t in store.tables.values())
-    return len(store.tables), per_block
+    requests = [
+        tuple(table_key("plan", 1, f.num_kv_heads, f.block_size, scale) for scale in pair)
+        for f, ok, pair in zip(facts, eligible, scales, strict=True)
+        if ok
+    ]
+    budget = fit_tables(requests, None)
+    return budget.tables, budget.bytes
+
+
+def kv_element_size(kv_cache_dtype: str) -> int:
+    return 1 if kv_cache_dtype.startswith("fp8") else 2
 
 
 def kv_cache_bytes_per_block(facts: list[LayerFacts]) -> int:
     """Bytes of one block of every layer's K and V."""
-    elem = 1 if facts[0].kv_cache_dtype.startswith("fp8") else 2
+    elem = kv_element_size(facts[0].kv_cache_dtype)
     return sum(2 * f.num_kv_heads * f.head_size * f.block_size * elem for f in facts)
 
 

@@ -42,7 +42,11 @@ def shared_scale_tables() -> AsmKvScaleTables:
 
 
 def table_key(
-    device: torch.device, num_blocks: int, num_kv_heads: int, block_size: int, scale: float
+    device: torch.device | str,
+    num_blocks: int,
+    num_kv_heads: int,
+    block_size: int,
+    scale: float,
 ) -> TableKey:
     return (str(device), num_blocks, num_kv_heads, block_size, scale)
 

@@ -119,9 +119,9 @@ def gpu_here(monkeypatch, kernels):
     monkeypatch.setenv("VLLM_ROCM_ASM_DECODE_CUT", "")  # the self-test clears it; restore
 
 
-def run_doctor(block_id_heads=(8, 1)) -> doctor.Report:
+def run_doctor() -> doctor.Report:
     report = doctor.environment()
-    doctor.self_test(report, device="cpu", block_id_heads=block_id_heads)
+    doctor.self_test(report, device="cpu", block_id_heads=(8, 1), block_id_pool=70000)
     return report
 
 

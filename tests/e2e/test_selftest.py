@@ -11,7 +11,7 @@ import torch
 
 from vllm_rocm_asm_decode.validation import selftest
 
-SMALL_POOL_HEADS = (8, 1)  # GQA 8 with one KV head: a 70000-block pool of ~0.3 GB
+SMALL_POOL = dict(heads=(8, 1), pool_blocks=70000)  # GQA 8, one KV head: ~0.3 GB
 
 
 @pytest.fixture
@@ -47,7 +47,7 @@ def test_accuracy_probe_fails_when_the_kernel_answers_wrong(stand_in_aiter, monk
 
 def test_block_id_probe_passes_on_a_fixed_aiter(stand_in_aiter):
     stand_in_aiter("0.1.20")
-    check = selftest.block_id_probe("cpu", SMALL_POOL_HEADS)
+    check = selftest.block_id_probe("cpu", **SMALL_POOL)
     assert check.ok, check.detail
 
 
@@ -55,7 +55,7 @@ def test_block_id_probe_catches_the_pre_0_1_17_misread(stand_in_aiter):
     """The stand-in 0.1.16.post5 reads block b as b & 0xFFFF, as AITER did: the probe runs
     the kernel (trusting it for the probe only) and names the block it read instead."""
     stand_in_aiter("0.1.16.post5")
-    check = selftest.block_id_probe("cpu", SMALL_POOL_HEADS)
+    check = selftest.block_id_probe("cpu", **SMALL_POOL)
     assert not check.ok
     assert check.detail.startswith("block 65537 was read as block 1 (id & 0xFFFF)")
     assert "VLLM_ROCM_ASM_DECODE_TRUST_AITER unset" in check.detail
@@ -84,3 +84,21 @@ def test_padding_probe_fails_on_nan_in_padding_rows(stand_in_aiter, monkeypatch)
     monkeypatch.setattr(aiter, "pa_fwd_asm", nan_padding)
     check = selftest.padding_probe("cpu")
     assert not check.ok and "NOT finite" in check.detail
+
+
+def test_the_default_probe_reaches_past_4_gib_and_names_both_misreadings():
+    """The GPU probe's blocks (arithmetic only, nothing allocated): 16 KiB fp8 pages of 8
+    KV heads, a pool past 4 GiB, each high block beside what each misreading reads."""
+    heads = (40, 8)
+    pool = selftest.probe_pool_blocks(heads)
+    assert pool * 16384 > 2**32 and pool == 2**32 // 16384 + 2
+    probes = selftest._probe_blocks(pool, 16384)
+    assert probes == {
+        65537: [(1, "id & 0xFFFF")],
+        67000: [(1464, "id & 0xFFFF")],
+        131077: [(5, "id & 0xFFFF")],  # page past 2 GiB
+        262145: [(1, "id & 0xFFFF, or byte offset mod 4 GiB")],  # page past 4 GiB
+    }
+    # At 64 KiB pages (32 KV heads) the 2 GiB boundary comes first, at block 32768.
+    wide = selftest._probe_blocks(70000, 65536)
+    assert min(wide) == 32773 and wide[65537] == [(1, "id & 0xFFFF, or byte offset mod 4 GiB")]

@@ -192,9 +192,7 @@ def test_block_ids_above_65536_through_the_backend(tmp_path, monkeypatch):
         assert check.ok, check.detail
     monkeypatch.delenv("VLLM_ROCM_ASM_DECODE_TRUST_AITER", raising=False)
     load_asm_kernel.cache_clear()
-    model = harness.build_model(
-        tmp_path / "pool", num_layers=1, num_blocks=selftest.PROBE_POOL, device="cuda"
-    )
+    model = harness.build_model(tmp_path / "pool", num_layers=1, num_blocks=70000, device="cuda")
     n = selftest.sequences_above_cut(40)
     pages = [[67000 - i] for i in range(n)]
     batch = harness.make_batch(model, [16] * n, pages=pages)

@@ -3,9 +3,10 @@ metadata builder (:mod:`..testbed`), the step the builder decides, ``impl.forwar
 
 * :func:`accuracy_probe`: a decode batch above the cut against an fp32 reference, with
   the tolerance of ``check accuracy`` (bf16 or fp16 queries).
-* :func:`block_id_probe`: a pool of more than 65536 blocks; sequences on blocks >= 65536
-  and sequences on their 16-bit aliases (``id & 0xFFFF``) hold different data, so an AITER
-  that narrows block ids (before 0.1.17) answers with the alias's data.
+* :func:`block_id_probe`: a pool whose pages reach past 4 GiB; sequences on high blocks
+  and on the blocks a misreading AITER (before 0.1.17) would read instead (``id &
+  0xFFFF``, or a byte offset wrapped at 4 GiB) hold different data, so such an AITER
+  answers with the other block's data, and the probe names it.
 * :func:`padding_probe`: CUDA-graph padding rows (length 0, null block) beside real ones;
   the padding rows must stay finite (a NaN there can reach real tokens through a
   per-tensor dynamic quantization downstream).
@@ -26,14 +27,9 @@ from pathlib import Path
 import torch
 
 from .. import testbed
-from ..aiter_version import BLOCK_ID_LIMIT
+from ..aiter_version import BLOCK_ID_LIMIT, OFFSET_LIMIT, safe_blocks
 from ..settings import TRUST_ENV
 from .accuracy import MAX_TOL, MEAN_TOL
-
-#: A pool past the block-id limit, as AITER's own regression test sizes it.
-PROBE_POOL = 70000
-#: Blocks >= 65536 the block-id probe reads, each beside its 16-bit alias.
-HIGH_BLOCKS = (65536 + 1, 67000, 69999)
 
 
 @dataclass
@@ -146,48 +142,95 @@ def accuracy_probe(
     )
 
 
-def block_id_probe(device: str, heads: tuple[int, int] = (40, 8)) -> Check:
-    """Sequences on blocks >= 65536 and on their aliases ``id & 0xFFFF``, in one batch.
+def probe_pool_blocks(heads: tuple[int, int]) -> int:
+    """A pool whose K (and V) pages reach past 4 GiB, for fp8 pages of these heads."""
+    return 2**32 // _page_bytes(heads) + 2
 
-    8 KV heads by default: AITER's regression test saw the misread only at the
-    production page size (32 KiB bf16 pages); fp8 pages of 8 heads are 16 KiB.
+
+def _page_bytes(heads: tuple[int, int]) -> int:
+    return heads[1] * 128 * 16  # fp8: one byte per value, head size 128, 16-token blocks
+
+
+def _probe_blocks(num_blocks: int, page_bytes: int) -> dict[int, list[tuple[int, str]]]:
+    """The high blocks to read and, for each, the blocks the known misreadings read
+    instead: the 16-bit block id of AITER's regression test, a 32-bit byte offset."""
+    wrap = 2**32 // page_bytes
+    candidates = (
+        BLOCK_ID_LIMIT + 1,
+        67000,
+        OFFSET_LIMIT // page_bytes + 5,
+        wrap + 1,
+        num_blocks - 1,
+    )
+    probes: dict[int, list[tuple[int, str]]] = {}
+    for block in sorted(c for c in candidates if safe_blocks(page_bytes) <= c < num_blocks):
+        kinds: dict[int, list[str]] = {}
+        kinds.setdefault(block & 0xFFFF, []).append("id & 0xFFFF")
+        if block >= wrap:
+            kinds.setdefault(block % wrap, []).append("byte offset mod 4 GiB")
+        probes[block] = [(a, ", or ".join(k)) for a, k in kinds.items() if a != block]
+    return probes
+
+
+def block_id_probe(
+    device: str, heads: tuple[int, int] = (40, 8), pool_blocks: int | None = None
+) -> Check:
+    """Sequences on high blocks (ids >= 65536, pages past 2 and 4 GiB, the pool's last
+    block) and on the blocks an AITER before 0.1.17 would read instead, in one batch.
+
+    The default pool (8 KV heads, 16 KiB fp8 pages, past 4 GiB: about 8.6 GB of K and V)
+    covers the byte offsets of a large deployment; AITER's regression test saw the misread
+    only at production page sizes.
     """
     name = "selftest-block-id"
-    # Rows 0, 2, 4 read a block >= 65536, rows 1, 3, 5 its alias; the rest other blocks.
-    pages = [[block] for high in HIGH_BLOCKS for block in (high, high & 0xFFFF)]
-    n = max(sequences_above_cut(heads[0]), len(pages))
-    pages += [[10000 + i] for i in range(n - len(pages))]
-    with _trusting_aiter(), _one_layer(device, heads, PROBE_POOL) as model:
-        assert model.num_blocks > BLOCK_ID_LIMIT
-        batch = testbed.make_batch(model, [16] * n, pages=pages, seed=2)
+    page = _page_bytes(heads)
+    num_blocks = pool_blocks or probe_pool_blocks(heads)
+    probes = _probe_blocks(num_blocks, page)
+    high = list(probes)
+    aliases = sorted({a for found in probes.values() for a, _ in found} - set(high))
+    used = set(high) | set(aliases)
+    n = max(sequences_above_cut(heads[0]), len(used))
+    filler = [b for b in range(100, 100 + 2 * n) if b not in used][: n - len(used)]
+    blocks = [*high, *aliases, *filler]
+    row = {block: i for i, block in enumerate(blocks)}
+    with _trusting_aiter(), _one_layer(device, heads, num_blocks) as model:
+        batch = testbed.make_batch(model, [16] * n, pages=[[b] for b in blocks], seed=2)
         testbed.fill_context(model, batch)
         out = torch.zeros_like(batch.query)
         if not _forward(model, batch, out).use_asm_decode:
             return Check(name, False, _not_asm(model))
         layer = model.layers[model.names[0]]
         ref = testbed.reference(model, batch, layer)
-        # What a kernel reading id & 0xFFFF would answer: each high row over its alias's data.
-        aliased = list(batch.contexts)
-        for i in range(0, 2 * len(HIGH_BLOCKS), 2):
-            aliased[i] = batch.contexts[i + 1]
-        batch.contexts = aliased
-        ref_alias = testbed.reference(model, batch, layer)
-    rows = [i for i in range(n) if int(pages[i][0]) >= BLOCK_ID_LIMIT]
-    wrong = [i for i in rows if _errors(out[i], ref[i])[0] > MAX_TOL]
+        # What each misreading would answer: a high row over its j-th alias's data.
+        as_misread = []
+        contexts = batch.contexts
+        for j in range(max(len(found) for found in probes.values())):
+            swapped = list(contexts)
+            for block, found in probes.items():
+                if j < len(found):
+                    swapped[row[block]] = contexts[row[found[j][0]]]
+            batch.contexts = swapped
+            as_misread.append(testbed.reference(model, batch, layer))
+        batch.contexts = contexts
+    gib = num_blocks * page / 2**30
+    wrong = [b for b in high if _errors(out[row[b]], ref[row[b]])[0] > MAX_TOL]
     if not wrong:
-        return Check(name, True, f"blocks {', '.join(map(str, HIGH_BLOCKS))} read right")
-    as_alias = [i for i in wrong if _errors(out[i], ref_alias[i])[0] <= MAX_TOL]
-    block = pages[wrong[0]][0]
-    how = (
-        f"block {block} was read as block {block & 0xFFFF} (id & 0xFFFF)"
-        if as_alias
-        else f"block {block} read wrong bytes"
-    )
+        return Check(
+            name,
+            True,
+            f"blocks {', '.join(map(str, high))} of a {num_blocks}-block pool "
+            f"({page} bytes a page, {gib:.1f} GiB of K pages) read right",
+        )
+    block = wrong[0]
+    how = f"block {block} read wrong bytes"
+    for j, (alias, kind) in enumerate(probes[block]):
+        if _errors(out[row[block]], as_misread[j][row[block]])[0] <= MAX_TOL:
+            how = f"block {block} was read as block {alias} ({kind})"
     return Check(
         name,
         False,
-        f"{how}: this AITER misreads KV blocks >= {BLOCK_ID_LIMIT}; keep {TRUST_ENV} unset "
-        "(caches of more blocks then keep the HIP decode) and upgrade AITER to 0.1.17 or later",
+        f"{how}: this AITER misreads high KV blocks; keep {TRUST_ENV} unset (large caches "
+        "then keep the HIP decode) and upgrade AITER to 0.1.17 or later",
     )
 
 
@@ -216,13 +259,15 @@ def padding_probe(device: str, heads: tuple[int, int] = (40, 8)) -> Check:
     )
 
 
-def run_all(device: str, block_id_heads: tuple[int, int] = (40, 8)) -> list[Check]:
+def run_all(
+    device: str, block_id_heads: tuple[int, int] = (40, 8), block_id_pool: int | None = None
+) -> list[Check]:
     """Every probe, in the order ``doctor`` reports them. A probe that raises (a failed
     launch, an out-of-memory) is a failed check whose detail is the error's first line."""
     probes = [
         ("selftest-accuracy-bfloat16", lambda: accuracy_probe(device, torch.bfloat16)),
         ("selftest-accuracy-float16", lambda: accuracy_probe(device, torch.float16)),
-        ("selftest-block-id", lambda: block_id_probe(device, block_id_heads)),
+        ("selftest-block-id", lambda: block_id_probe(device, block_id_heads, block_id_pool)),
         ("selftest-padding-rows", lambda: padding_probe(device)),
     ]
     checks = []
