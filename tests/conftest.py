@@ -91,3 +91,12 @@ def aiter_version(monkeypatch):
     monkeypatch.delenv("VLLM_ROCM_ASM_DECODE_TRUST_AITER", raising=False)
     yield set_version
     load_asm_kernel.cache_clear()
+
+
+@pytest.fixture
+def short_contexts(monkeypatch):
+    """The self-test's accuracy probe on contexts up to 255 tokens: the CPU reference and
+    contract model stay quick; the GPU runs the full list."""
+    from vllm_rocm_asm_decode.validation import selftest
+
+    monkeypatch.setattr(selftest, "ACCURACY_CONTEXTS", (1, 15, 16, 17, 255))

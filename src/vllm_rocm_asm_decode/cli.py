@@ -88,7 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
         default="installed",
         metavar="VERSION|unknown",
         help="the AITER version to plan for (default: the installed one, else unknown); "
-        "before 0.1.17 a KV cache of more than 65536 blocks keeps the HIP decode",
+        "before 0.1.17 a KV cache of more than 65536 blocks (fewer for pages above 32 KiB) "
+        "keeps the HIP decode",
     )
     plan.add_argument(
         "--num-gpu-blocks",
@@ -396,11 +397,33 @@ def _doctor(args: argparse.Namespace) -> int:
     return report.exit_code
 
 
+def _unwritable(path: str) -> str | None:
+    """Why a result file cannot be written at ``path`` (checked before a long run)."""
+    from pathlib import Path
+
+    target = Path(path)
+    if target.is_dir():
+        return "is a directory"
+    parent = target.parent
+    if not parent.is_dir():
+        return f"{parent} is not a directory"
+    if not os.access(parent, os.W_OK):
+        return f"{parent} is not writable"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     # vLLM's and torch's start-up warnings would drown the answer (VLLM_LOGGING_LEVEL,
     # when set, wins for vLLM's).
-    level = os.environ.get("VLLM_LOGGING_LEVEL", "ERROR")
+    level = os.environ.get("VLLM_LOGGING_LEVEL", "ERROR").strip().upper()  # vLLM's reading
+    if not isinstance(logging.getLevelName(level), int):
+        print(
+            f"{PROG}: error: VLLM_LOGGING_LEVEL={os.environ['VLLM_LOGGING_LEVEL']!r} is not a "
+            "logging level (DEBUG, INFO, WARNING, ERROR, CRITICAL)",
+            file=sys.stderr,
+        )
+        return 2
     logging.getLogger("vllm").setLevel(level)
     logging.getLogger("torch").setLevel(logging.ERROR)
     if args.command == "plan":
@@ -419,6 +442,10 @@ def main(argv: list[str] | None = None) -> int:
         return check_passkey(args)
     if args.command == "check" and args.check == "accuracy":
         from .validation.accuracy import main as check_accuracy
+
+        if args.json and (problem := _unwritable(args.json)):
+            print(f"{PROG} check accuracy: error: --json {args.json}: {problem}", file=sys.stderr)
+            return 2
 
         return check_accuracy(args)
     raise AssertionError(args.command)

@@ -1,12 +1,12 @@
-"""``doctor``: what an operator runs before turning the plugin on.
+"""doctor: what an operator runs before turning the plugin on.
 
 It reports the environment the plugin will trust (vLLM's version, AITER's version and
-whether it carries the KV block-id fix of 0.1.17, the GPU, ``AITER_ASM_DIR`` and the
-kernel table, the ``.co`` files of the rows the plugin would pick, the switches in
-effect and what each does) and checks each. On a gfx942/gfx950 GPU with AITER it then
-runs a self-test of a few seconds through the backend (:mod:`.validation.selftest`):
-asm against fp32 for bf16 and fp16 queries, the block-id >= 65536 probe, and padding
-rows finite.
+whether it carries the KV block-id fix of 0.1.17, the GPU, AITER_ASM_DIR and the kernel
+table, the .co files of the rows the plugin would pick, the switches in effect and what
+each does) and checks each. On a gfx942/gfx950 GPU with AITER it then runs a self-test
+of a few seconds through the backend (real vLLM layers, KV cache and builder; about
+9 GB of free GPU memory): asm against fp32 for bf16 and fp16 queries, high KV blocks
+(a pool past 4 GiB of pages), and CUDA-graph padding rows left finite.
 
 Exit status: 0 when every check passed, the self-test included; 1 when a check failed;
 2 when the GPU self-test could not run (no gfx942/gfx950 GPU, or no AITER): the
@@ -81,24 +81,21 @@ def switches() -> list[dict[str, Any]]:
         return os.environ.get(name)
 
     rows = []
-    aiter_on = envs.VLLM_ROCM_USE_AITER
-    rows.append(
-        (
-            "VLLM_ROCM_USE_AITER",
-            "AITER kernels on: the plugin can activate"
-            if aiter_on
-            else "AITER off (the default): the plugin stays inactive; set 1",
+    if envs.VLLM_ROCM_USE_AITER:
+        aiter_effect = "AITER kernels on: the plugin can activate"
+    elif raw("VLLM_ROCM_USE_AITER") is None:
+        aiter_effect = "AITER off (the default): the plugin stays inactive; set 1"
+    else:
+        aiter_effect = "AITER off (vLLM reads only 1 or true here): the plugin stays inactive"
+    rows.append(("VLLM_ROCM_USE_AITER", aiter_effect))
+    if envs.VLLM_ROCM_USE_AITER_MHA:
+        mha_effect = "AITER attention on: the asm decode is allowed"
+    else:
+        mha_effect = (
+            "AITER attention off (vLLM reads only 1 or true here): the asm decode is off, "
+            "and vLLM changes other attention choices"
         )
-    )
-    mha_on = envs.VLLM_ROCM_USE_AITER_MHA
-    rows.append(
-        (
-            "VLLM_ROCM_USE_AITER_MHA",
-            "AITER attention on (the default): the asm decode is allowed"
-            if mha_on
-            else "0: the asm decode is off, and vLLM changes other attention choices",
-        )
-    )
+    rows.append(("VLLM_ROCM_USE_AITER_MHA", mha_effect))
     rows.append(
         (
             settings.SWITCH_ENV,
@@ -186,11 +183,15 @@ def environment() -> Report:
     from .validation.gpu import rocm_gpu_problem
 
     checks: list[Check] = []
-    try:
-        settings.check_all()
-        checks.append(Check("settings", True, "every VLLM_ROCM_ASM_DECODE* value is valid"))
-    except settings.SettingError as exc:
-        checks.append(Check("settings", False, str(exc)))
+    bad = []
+    for parse in (settings.asm_decode_switch, settings.cut_override, settings.trust_aiter):
+        try:
+            parse()
+        except settings.SettingError as exc:
+            bad.append(str(exc))
+    checks.append(
+        Check("settings", not bad, "; ".join(bad) or "every VLLM_ROCM_ASM_DECODE* value is valid")
+    )
 
     vllm_version = _version("vllm")
     checks.append(
@@ -247,7 +248,7 @@ def environment() -> Report:
     )
 
     version = installed_version()
-    aiter = AiterBuild(version)
+    aiter = AiterBuild(version, trusted=_trusted())
     report = Report(
         vllm_version=vllm_version,
         aiter_installed=find_spec("aiter") is not None,
@@ -313,22 +314,40 @@ def environment() -> Report:
 
 
 def _block_id_check(aiter: AiterBuild, probe: Check | None = None) -> Check:
+    """Whether large KV caches can use the asm decode with this AITER, and why."""
     who = describe(aiter.version)
     if aiter.block_id_fix:
-        return Check("aiter-block-id-fix", True, f"{who} reads KV blocks >= {BLOCK_ID_LIMIT} right")
+        return Check("aiter-block-id-fix", True, f"{who} reads every KV block right")
     limit = (
         f"{who} {'predates' if aiter.block_id_fix is False else 'counts as predating'} the "
-        f"KV block-id fix of {FIRST_FIXED}: caches of more than {BLOCK_ID_LIMIT} blocks keep "
-        "the HIP decode"
+        f"KV block-id fix of {FIRST_FIXED}: caches of more than {BLOCK_ID_LIMIT} blocks "
+        "(fewer for pages above 32 KiB) keep the HIP decode"
     )
-    if probe is not None and probe.ok:
+    if probe is not None and not probe.ok:
+        return Check("aiter-block-id-fix", False, f"{limit}; the block-id probe failed")
+    if probe is not None:
         return Check(
             "aiter-block-id-fix",
             True,
             f"{limit}, but this build passed the block-id probe: {settings.TRUST_ENV}=1 "
-            "lets them use the asm decode",
+            + ("(set) lets" if aiter.trusted else "lets")
+            + " them use the asm decode",
+        )
+    if aiter.trusted:
+        return Check(
+            "aiter-block-id-fix",
+            False,
+            f"{who} is trusted with every KV block ({settings.TRUST_ENV}=1) but no block-id "
+            "probe has passed here",
         )
     return Check("aiter-block-id-fix", False, limit)
+
+
+def _trusted() -> bool:
+    try:
+        return settings.trust_aiter()
+    except settings.SettingError:
+        return False  # reported by the settings check
 
 
 def self_test(
@@ -359,7 +378,7 @@ def self_test(
     register_backend(AttentionBackendEnum.ROCM_ATTN, BACKEND_PATH)
     probes = selftest.run_all(device, block_id_heads, block_id_pool)
     block_probe = next(c for c in probes if c.name == "selftest-block-id")
-    aiter = AiterBuild(report.aiter_version)
+    aiter = AiterBuild(report.aiter_version, trusted=_trusted())
     report.checks = [
         _block_id_check(aiter, block_probe) if c.name == "aiter-block-id-fix" else c
         for c in report.checks

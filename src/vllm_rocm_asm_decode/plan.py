@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from . import settings
-from .aiter_version import BLOCK_ID_LIMIT, FIRST_FIXED, AiterBuild, describe, installed_version
+from .aiter_version import FIRST_FIXED, AiterBuild, describe, installed_version, safe_blocks
 from .decision import default_cut, describe_cut, resolve_cut, step_uses_asm
 from .eligibility import VALIDATED_CONTEXT, LayerFacts, rejection_reasons
 from .kernel_table import KernelTable, fallback_table
@@ -116,6 +116,8 @@ def resolve_model_dir(model: str) -> tuple[Path, str]:
             raw = json.loads(config.read_text())
         except (OSError, ValueError) as exc:
             raise PlanError(f"cannot read {config}: {_first_line(exc)}") from exc
+        if not isinstance(raw, dict):
+            raise PlanError(f"{config} is not a JSON object")
         sections = [raw, *(v for v in raw.values() if isinstance(v, dict))]
         if not any(key in section for section in sections for key in HEAD_COUNT_KEYS):
             raise PlanError(f"{config} has no attention fields (num_attention_heads)")
@@ -308,18 +310,13 @@ def parse_aiter_version(text: str) -> str | None:
     return text.strip()
 
 
-def block_id_sentence(aiter: AiterBuild, num_gpu_blocks: int | None) -> str:
+def block_id_sentence(aiter: AiterBuild, num_gpu_blocks: int | None, page_bytes: int | None) -> str:
     """What the AITER version means for this deployment, in one line."""
+    limit = safe_blocks(page_bytes)
     if aiter.trusted:
-        return (
-            f"{describe(aiter.version)}: trusted with KV blocks >= {BLOCK_ID_LIMIT} "
-            f"({settings.TRUST_ENV}=1)"
-        )
+        return f"{describe(aiter.version)}: trusted with every KV block ({settings.TRUST_ENV}=1)"
     if aiter.reads_high_block_ids:
-        return (
-            f"{describe(aiter.version)}: reads KV blocks >= {BLOCK_ID_LIMIT} right "
-            f"(fixed in {FIRST_FIXED})"
-        )
+        return f"{describe(aiter.version)}: reads every KV block right (fixed in {FIRST_FIXED})"
     who = (
         f"{describe(aiter.version)} (before {FIRST_FIXED})"
         if aiter.block_id_fix is False
@@ -327,12 +324,12 @@ def block_id_sentence(aiter: AiterBuild, num_gpu_blocks: int | None) -> str:
     )
     if num_gpu_blocks is None:
         return (
-            f"{who}: caches over {BLOCK_ID_LIMIT} blocks keep HIP; the block count decides "
+            f"{who}: caches over {limit} blocks keep HIP; the block count decides "
             "(--num-gpu-blocks N)"
         )
-    if num_gpu_blocks <= BLOCK_ID_LIMIT:
-        return f"{who}: {num_gpu_blocks} blocks, within {BLOCK_ID_LIMIT}: no effect"
-    return f"{who}: {num_gpu_blocks} blocks > {BLOCK_ID_LIMIT}: every layer keeps HIP"
+    if num_gpu_blocks <= limit:
+        return f"{who}: {num_gpu_blocks} blocks, within {limit}: no effect"
+    return f"{who}: {num_gpu_blocks} blocks > {limit}: every layer keeps HIP"
 
 
 def make_plan(
@@ -418,7 +415,7 @@ def make_plan(
         aiter_version=version,
         block_id_fix=aiter.block_id_fix,
         num_gpu_blocks=num_gpu_blocks,
-        block_id_clause=block_id_sentence(aiter, num_gpu_blocks),
+        block_id_clause=block_id_sentence(aiter, num_gpu_blocks, facts[0].kv_page_bytes),
         scale_table_bytes=None
         if num_gpu_blocks is None
         else table_bytes_per_block * num_gpu_blocks,

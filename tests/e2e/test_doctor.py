@@ -110,7 +110,7 @@ def test_bad_setting_is_a_failed_check_not_a_crash(aiter_version, monkeypatch, c
 
 
 @pytest.fixture
-def gpu_here(monkeypatch, kernels):
+def gpu_here(monkeypatch, kernels, short_contexts):
     """Let the self-test run on the CPU (the probes go through the backend to the
     contract model); its small block-id pool keeps the test light."""
     from vllm_rocm_asm_decode.validation import gpu
@@ -170,3 +170,22 @@ def test_doctor_usage_errors_are_one_line_exit_2(capsys):
         assert exc.value.code == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and "error:" in err[0]
+
+
+def test_trust_without_a_passed_probe_is_flagged(aiter_version, monkeypatch, capsys):
+    aiter_version("0.1.16.post5")
+    monkeypatch.setenv("VLLM_ROCM_ASM_DECODE_TRUST_AITER", "1")
+    code, report = doctor_json(capsys)
+    assert code == 2
+    check = checks(report)["aiter-block-id-fix"]
+    assert not check["ok"] and "is trusted with every KV block" in check["detail"]
+    assert "no block-id probe has passed here" in check["detail"]
+
+
+def test_every_bad_setting_is_named(aiter_version, monkeypatch, capsys):
+    aiter_version("0.1.20")
+    monkeypatch.setenv("VLLM_ROCM_ASM_DECODE_TRUST_AITER", "maybe")
+    monkeypatch.setenv("VLLM_ROCM_ASM_DECODE_CUT", "-3")
+    _, report = doctor_json(capsys)
+    detail = checks(report)["settings"]["detail"]
+    assert "VLLM_ROCM_ASM_DECODE_CUT='-3'" in detail and "TRUST_AITER='maybe'" in detail

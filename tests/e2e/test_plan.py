@@ -321,3 +321,34 @@ def test_corrupt_checkpoint_is_one_line(tmp_path, capsys):
     assert main(["plan", "--model", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "model.safetensors" in err[0]
+
+
+def test_aiter_line_uses_the_page_size_limit(tmp_path, monkeypatch):
+    """32 KV heads: 64 KiB fp8 pages, so an old AITER is safe only below 32768 blocks
+    (pages ending by 2 GiB), and plan's line says the same as the rule."""
+    monkeypatch.delenv("VLLM_ROCM_ASM_DECODE_TRUST_AITER", raising=False)
+    harness.write_model_dir(tmp_path, num_heads=32, num_kv_heads=32, num_layers=2)
+    plan = make_plan(model=str(tmp_path), aiter_version="0.1.16", num_gpu_blocks=40000)
+    assert not plan.eligible
+    assert plan.block_id_clause.endswith("40000 blocks > 32768: every layer keeps HIP")
+    assert plan.reasons == [
+        "AITER 0.1.16 misreads KV blocks >= 32768 (pages past 2 GiB at 65536 bytes a page) "
+        "(fixed in 0.1.17); this cache has 40000 blocks"
+    ]
+    assert make_plan(model=str(tmp_path), aiter_version="0.1.16", num_gpu_blocks=32768).eligible
+
+
+def test_config_that_is_not_an_object_is_one_line(tmp_path, capsys):
+    (tmp_path / "config.json").write_text("[1, 2]")
+    assert main(["plan", "--model", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"vllm-rocm-asm-decode plan: error: {tmp_path}/config.json is not a JSON object"]
+
+
+@pytest.mark.parametrize(("level", "code"), [("debug", 0), ("Info", 0), ("loud", 2)])
+def test_logging_level_is_read_as_vllm_reads_it(level, code, monkeypatch, capsys):
+    monkeypatch.setenv("VLLM_LOGGING_LEVEL", level)
+    assert main(["plan", "--gpu", "mi355x", "--json"]) == code
+    if code:
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "VLLM_LOGGING_LEVEL='loud' is not a logging level" in err[0]

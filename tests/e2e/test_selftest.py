@@ -15,7 +15,7 @@ SMALL_POOL = dict(heads=(8, 1), pool_blocks=70000)  # GQA 8, one KV head: ~0.3 G
 
 
 @pytest.fixture
-def stand_in_aiter(aiter_version, kernels):
+def stand_in_aiter(aiter_version, kernels, short_contexts):
     """The stand-in AITER at a version, with the torch stand-ins for the other kernels."""
     return aiter_version
 

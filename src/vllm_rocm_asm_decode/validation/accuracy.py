@@ -4,8 +4,8 @@ On a gfx942/gfx950 GPU with AITER: the HIP decode (vLLM's chunked_prefill_paged_
 as stock ROCM_ATTN calls it), the asm decode at AITER's default precision, and the asm
 decode at high_precision=2 (the shipped path), for head layouts 40/8, 32/8, 64/8, 32/4,
 bf16 and fp16 queries, seeds 0-2 and context lengths 1, 15, 16, 17, 255, 1000, 4000
-(sampled, not swept). Then, through the backend, the probes ``doctor`` runs: KV block
-ids >= 65536 (a 70000-block pool) and CUDA-graph padding rows left finite.
+(sampled, not swept). Then, through the backend, two of the probes doctor runs: high KV
+blocks (a pool past 4 GiB of pages) and CUDA-graph padding rows left finite.
 Every sequence is a fresh draw of fp8 K/V in vLLM's cache layout (K [blocks, kv_heads,
 head/16, 16, 16], V [blocks, kv_heads, head, 16], per-tensor scales), read by every path.
 

@@ -31,6 +31,9 @@ from ..aiter_version import BLOCK_ID_LIMIT, OFFSET_LIMIT, safe_blocks
 from ..settings import TRUST_ENV
 from .accuracy import MAX_TOL, MEAN_TOL
 
+#: Context lengths of the accuracy probe (those of ``check accuracy``).
+ACCURACY_CONTEXTS = (1, 15, 16, 17, 255, 1000, 4000)
+
 
 @dataclass
 class Check:
@@ -121,7 +124,7 @@ def accuracy_probe(
     """A decode batch above the cut, contexts 1..4000, against fp32."""
     name = f"selftest-accuracy-{str(dtype).removeprefix('torch.')}"
     num_heads, num_kv_heads = heads
-    contexts = [1, 15, 16, 17, 255, 1000, 4000]
+    contexts = ACCURACY_CONTEXTS
     n = max(sequences_above_cut(num_heads), len(contexts))
     seq_lens = [contexts[i % len(contexts)] for i in range(n)]
     num_blocks = sum(-(-s // 16) for s in seq_lens) + 8
