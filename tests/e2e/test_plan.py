@@ -287,7 +287,7 @@ def test_plan_text_names_tables_scales_and_the_aiter_clause(tmp_path, capsys, mo
     args = ["plan", "--model", model, "--aiter-version", "0.1.22", "--num-gpu-blocks", "1000"]
     assert main(args) == 0
     out = capsys.readouterr().out
-    assert "aiter      AITER 0.1.22: reads KV blocks >= 65536 right (fixed in 0.1.17)" in out
+    assert "aiter      AITER 0.1.22: reads every KV block right (fixed in 0.1.17)" in out
     assert "12 scale table(s), 3.125 % of the KV cache, 5.9 MiB at 1000 blocks" in out
     assert "; KV scales: checkpoint" in out
 
