@@ -42,7 +42,7 @@ class AsmKernel:
 
     run: Callable[..., torch.Tensor]
     table: KernelTable
-    #: The installed AITER's version and whether block ids >= 65536 are trusted.
+    #: The installed AITER's version, and whether it is trusted with high KV blocks.
     aiter: AiterBuild
     #: Set when the installed table could not be read and the built-in fallback is used.
     table_note: str | None = None
