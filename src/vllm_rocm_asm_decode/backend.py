@@ -8,11 +8,14 @@ Data flow, decide once and run many:
    against the device memory vLLM did not claim (:mod:`.scale_tables`); the layers that
    fit get an :class:`AsmLayerBinding` (the cache views the kernel reads and their
    tables), the rest keep the HIP decode.
-2. Every ``build()`` decides the step from host integers (:func:`.decision.step_uses_asm`)
-   and records it in the metadata, with a reference to the builder's bindings, so a
-   captured CUDA graph holds one decode kernel.
+2. Every ``build()`` decides the step from host data (:mod:`.decision`) and records it in
+   the metadata, with a reference to the builder's bindings, so a captured CUDA graph
+   holds one decode kernel: a pure-decode step above the cut runs asm; a mixed step
+   whose leading decode requests are above the cut is split (:class:`MixedSplit`, views
+   made once per step): decodes on asm, prefills on vLLM's prefill kernel.
 3. ``forward`` combines the step with its layer's binding and the call's arguments and
-   either calls ``pa_fwd_asm`` on views made at bind time, or runs stock ``forward``.
+   either calls ``pa_fwd_asm`` (and, for a split step, vLLM's ``context_attention_fwd``)
+   on views made at bind time, or runs stock ``forward``.
 
 The bindings belong to the builder, as ``ROCM_AITER_FA``'s scale tables do: vLLM drops
 the builders of its CUDA-graph profiling pass with that pass's small KV cache, and the
@@ -23,11 +26,12 @@ bindings stale, and the next ``build()`` (never inside a graph capture) decides 
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from vllm.config import VllmConfig, get_layers_from_vllm_config
+from vllm.config import CUDAGraphMode, VllmConfig, get_layers_from_vllm_config
 from vllm.model_executor.layers.attention import Attention
 from vllm.v1.attention.backend import AttentionType, CommonAttentionMetadata
 from vllm.v1.attention.backends.rocm_attn import (
@@ -36,12 +40,20 @@ from vllm.v1.attention.backends.rocm_attn import (
     RocmAttentionMetadata,
     RocmAttentionMetadataBuilder,
 )
+from vllm.v1.attention.ops import chunked_prefill_paged_decode as stock_ops
 from vllm.v1.attention.ops.chunked_prefill_paged_decode import has_native_kv_cache_layout
 from vllm.v1.attention.ops.paged_attn import PagedAttention
 from vllm.v1.kv_cache_interface import AttentionSpec
 
 from . import settings
-from .decision import call_uses_asm, describe_cut, resolve_cut, step_uses_asm
+from .decision import (
+    call_uses_asm,
+    describe_cut,
+    leading_decodes,
+    mixed_step_uses_asm,
+    resolve_cut,
+    step_uses_asm,
+)
 from .eligibility import VALIDATED_CONTEXT, LayerFacts, rejection_reasons
 from .kernel import AsmKernel, current_arch, load_asm_kernel
 from .kernel_table import ULTRA_PRECISION
@@ -64,6 +76,7 @@ class AsmLayerBinding:
     kv_cache: torch.Tensor  # the bound cache these views were made from
     key_cache: torch.Tensor  # [num_blocks, num_kv_heads, head_size/16, 16, 16], fp8
     value_cache: torch.Tensor  # [num_blocks, num_kv_heads, 1, head_size, 16], fp8
+    value_pages: torch.Tensor  # vLLM's V view [num_blocks, num_kv_heads, head_size, 16]
     k_scale: float
     v_scale: float
     k_scale_table: torch.Tensor  # [num_blocks, num_kv_heads, 16], fp32, shared
@@ -82,11 +95,27 @@ class AsmBindings:
     stale: bool = False
 
 
+@dataclass(frozen=True)
+class MixedSplit:
+    """A mixed step cut in two, as views made once per step: the leading decode requests
+    (one query token each, rows ``[0, num_decodes)``) for the asm kernel, the rest for
+    vLLM's prefill kernel, which reads absolute query rows from its start locations."""
+
+    num_decodes: int
+    decode_seq_lens: torch.Tensor  # seq_lens[:num_decodes]
+    decode_block_table: torch.Tensor  # block_table[:num_decodes]
+    prefill_query_start_loc: torch.Tensor  # query_start_loc[num_decodes:]
+    prefill_seq_lens: torch.Tensor  # seq_lens[num_decodes:]
+    prefill_block_table: torch.Tensor  # block_table[num_decodes:]
+
+
 @dataclass
 class RocmAsmDecodeMetadata(RocmAttentionMetadata):
     """``RocmAttentionMetadata`` plus the step's decode kernel choice."""
 
     use_asm_decode: bool = False
+    #: Set for a mixed step whose decode part runs asm.
+    asm_split: MixedSplit | None = None
     #: The builder's bindings (the same object every step; nothing is copied).
     asm_bindings: AsmBindings | None = None
 
@@ -151,10 +180,11 @@ class RocmAsmDecodeImpl(RocmAttentionImpl):
     ) -> AsmLayerBinding:
         """The views and tables an eligible layer's asm decode reads (allocates its tables
         when they do not exist yet)."""
-        key_cache, value_cache = self._split(kv_cache)
+        key_cache, value_pages = self._split(kv_cache)
         key_cache = key_cache.view(self.fp8_dtype)
+        value_pages = value_pages.view(self.fp8_dtype)
         # [nb, nkv, head_size, 16] is AITER's shuffled [nb, nkv, 16/16, head_size, 16].
-        value_cache = value_cache.view(self.fp8_dtype).unsqueeze(2)
+        value_cache = value_pages.unsqueeze(2)
         k_scale, v_scale = float(layer._k_scale_float), float(layer._v_scale_float)
         num_blocks, num_kv_heads, _, block_size, _ = key_cache.shape
         k_table, v_table = scale_tables(
@@ -164,6 +194,7 @@ class RocmAsmDecodeImpl(RocmAttentionImpl):
             kv_cache=kv_cache,
             key_cache=key_cache,
             value_cache=value_cache,
+            value_pages=value_pages,
             k_scale=k_scale,
             v_scale=v_scale,
             k_scale_table=k_table,
@@ -202,6 +233,79 @@ class RocmAsmDecodeImpl(RocmAttentionImpl):
             and output.is_contiguous(),
         )
 
+    def _asm_decode(
+        self,
+        binding: AsmLayerBinding,
+        query: torch.Tensor,
+        output: torch.Tensor,
+        num_rows: int,
+        seq_lens: torch.Tensor,
+        block_table: torch.Tensor,
+    ) -> None:
+        """``pa_fwd_asm`` over the first ``num_rows`` query rows, one request each."""
+        binding.kernel.run(
+            Q=query[:num_rows],
+            K=binding.key_cache,
+            V=binding.value_cache,
+            block_tables=block_table,
+            context_lens=seq_lens,
+            block_tables_stride0=block_table.stride(0),
+            K_QScale=binding.k_scale_table,
+            V_QScale=binding.v_scale_table,
+            out_=output[:num_rows],
+            high_precision=self.asm_high_precision,
+        )
+
+    def _split_step(
+        self,
+        binding: AsmLayerBinding,
+        split: MixedSplit,
+        layer: torch.nn.Module,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attn_metadata: RocmAttentionMetadata,
+        output: torch.Tensor,
+    ) -> None:
+        """A mixed step: the prefill requests through vLLM's own prefill kernel, with the
+        arguments stock ``forward`` passes it, on the prefill requests' views; the
+        leading decode rows through ``pa_fwd_asm``. No HIP decode is launched."""
+        num_tokens = attn_metadata.num_actual_tokens
+        stock_ops.context_attention_fwd(
+            q=query[:num_tokens],
+            k=key[:num_tokens],
+            v=value[:num_tokens],
+            o=output[:num_tokens],
+            kv_cache_dtype=self.kv_cache_dtype,
+            k_cache=binding.key_cache,
+            v_cache=binding.value_pages,
+            b_loc=split.prefill_block_table,
+            b_start_loc=split.prefill_query_start_loc,
+            b_seq_len=split.prefill_seq_lens,
+            max_seq_len=attn_metadata.max_seq_len,
+            max_input_len=attn_metadata.max_query_len,
+            k_scale=layer._k_scale,
+            v_scale=layer._v_scale,
+            alibi_slopes=self.alibi_slopes,
+            sliding_window=1 + self.sliding_window[0],
+            sm_scale=self.scale,
+            skip_decode=True,
+            fp8_out_scale=None,
+            sinks=self.sinks,
+            interleaved_v_pack_factor=(
+                16 // binding.value_pages.element_size() if self._use_interleaved_v_cache else 0
+            ),
+            causal=attn_metadata.causal,
+        )
+        self._asm_decode(
+            binding,
+            query,
+            output,
+            split.num_decodes,
+            split.decode_seq_lens,
+            split.decode_block_table,
+        )
+
     def forward(
         self,
         layer: torch.nn.Module,
@@ -214,9 +318,12 @@ class RocmAsmDecodeImpl(RocmAttentionImpl):
         output_scale: torch.Tensor | None = None,
         output_block_scale: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        # The step's choice first (one attribute read), so steps that stay on stock pay
-        # next to nothing for the plugin; then the layer's binding (one dict lookup).
-        if getattr(attn_metadata, "use_asm_decode", False):
+        # The step's choice first (one attribute read each), so steps that stay on stock
+        # pay next to nothing for the plugin; then the layer's binding (one dict lookup).
+        split = None
+        if getattr(attn_metadata, "use_asm_decode", False) or (
+            split := getattr(attn_metadata, "asm_split", None)
+        ):
             bindings = attn_metadata.asm_bindings
             binding = bindings.layers.get(layer.layer_name)
             if binding is not None and self._call_runs_asm(
@@ -228,20 +335,19 @@ class RocmAsmDecodeImpl(RocmAttentionImpl):
                 output,
                 output_scale is not None or output_block_scale is not None,
             ):
-                num_tokens = attn_metadata.num_actual_tokens
-                block_table = attn_metadata.block_table
-                binding.kernel.run(
-                    Q=query[:num_tokens],
-                    K=binding.key_cache,
-                    V=binding.value_cache,
-                    block_tables=block_table,
-                    context_lens=attn_metadata.seq_lens,
-                    block_tables_stride0=block_table.stride(0),
-                    K_QScale=binding.k_scale_table,
-                    V_QScale=binding.v_scale_table,
-                    out_=output[:num_tokens],
-                    high_precision=self.asm_high_precision,
-                )
+                if split is None:
+                    self._asm_decode(
+                        binding,
+                        query,
+                        output,
+                        attn_metadata.num_actual_tokens,
+                        attn_metadata.seq_lens,
+                        attn_metadata.block_table,
+                    )
+                else:
+                    self._split_step(
+                        binding, split, layer, query, key, value, attn_metadata, output
+                    )
                 return output
         return super().forward(
             layer,
@@ -267,9 +373,29 @@ class RocmAsmDecodeMetadataBuilder(RocmAttentionMetadataBuilder):
         device: torch.device,
     ) -> None:
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
+        # Decode requests lead the batch (the V1 runner reorders on this; Model Runner V2
+        # always does), so a mixed step splits at one boundary.
+        self._init_reorder_batch_threshold(1)
         self.asm_layers_bound = False
         self.asm_bindings = AsmBindings()
         self.asm_cut = 0
+        #: Whether mixed steps may be split: a FULL mixed CUDA-graph mode would freeze a
+        #: host-side split into its graph; speculative decoding has multi-token decodes.
+        self.asm_split_allowed = (
+            vllm_config.compilation_config.cudagraph_mode.mixed_mode() != CUDAGraphMode.FULL
+            and vllm_config.speculative_config is None
+        )
+        self._capturing = False
+
+    def build_for_cudagraph_capture(
+        self, common_attn_metadata: CommonAttentionMetadata
+    ) -> RocmAsmDecodeMetadata:
+        """A capture build never splits a step (its batch is a dummy)."""
+        self._capturing = True
+        try:
+            return super().build_for_cudagraph_capture(common_attn_metadata)
+        finally:
+            self._capturing = False
 
     def build(
         self,
@@ -280,15 +406,48 @@ class RocmAsmDecodeMetadataBuilder(RocmAttentionMetadataBuilder):
         metadata = super().build(common_prefix_len, common_attn_metadata, fast_build)
         if not self.asm_layers_bound or self.asm_bindings.stale:
             self._bind_layers()
-        use_asm = bool(self.asm_bindings.layers) and step_uses_asm(
+        bound = bool(self.asm_bindings.layers)
+        use_asm = bound and step_uses_asm(
             max_query_len=metadata.max_query_len,
             num_tokens=metadata.num_actual_tokens,
             num_reqs=metadata.seq_lens.shape[0],
             num_heads=self.num_heads_q,
             cut=self.asm_cut,
         )
+        split = None
+        if bound and metadata.max_query_len > 1 and self.asm_split_allowed:
+            split = self._mixed_split(metadata, common_attn_metadata)
         return RocmAsmDecodeMetadata(
-            **vars(metadata), use_asm_decode=use_asm, asm_bindings=self.asm_bindings
+            **vars(metadata),
+            use_asm_decode=use_asm,
+            asm_split=split,
+            asm_bindings=self.asm_bindings,
+        )
+
+    def _mixed_split(
+        self, metadata: RocmAttentionMetadata, common: CommonAttentionMetadata
+    ) -> MixedSplit | None:
+        """The split of a mixed step, decided on host data (``query_start_loc_cpu``), or
+        None when its decode part stays on the stock path."""
+        starts = common.query_start_loc_cpu[: common.num_reqs + 1].tolist()
+        num_decodes = leading_decodes([b - a for a, b in itertools.pairwise(starts)])
+        if not mixed_step_uses_asm(
+            max_query_len=metadata.max_query_len,
+            num_decodes=num_decodes,
+            num_heads=self.num_heads_q,
+            cut=self.asm_cut,
+            split_allowed=self.asm_split_allowed,
+            capturing=self._capturing,
+        ):
+            return None
+        assert num_decodes is not None
+        return MixedSplit(
+            num_decodes=num_decodes,
+            decode_seq_lens=metadata.seq_lens[:num_decodes],
+            decode_block_table=metadata.block_table[:num_decodes],
+            prefill_query_start_loc=metadata.query_start_loc[num_decodes:],
+            prefill_seq_lens=metadata.seq_lens[num_decodes:],
+            prefill_block_table=metadata.block_table[num_decodes:],
         )
 
     def binding(self, layer_name: str) -> AsmLayerBinding | None:

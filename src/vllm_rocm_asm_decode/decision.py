@@ -11,6 +11,12 @@ The rule (the layer part lives in :mod:`.eligibility`):
   asked for, and the call's tensors are what the kernel reads: the query in the layer's
   bf16/fp16 dtype (not an fp8 query) with dense heads, and a dense output.
 
+* mixed step (prefill and decode requests in one step): the decode requests, when they
+  all lead the batch (one query token each) and their ``num_decodes x num_heads`` query
+  heads exceed the cut, run the asm kernel and the prefill requests vLLM's prefill
+  kernel; only where no CUDA graph can freeze the split (the mixed graph mode is not
+  FULL, the build is not a capture build) and without speculative decoding.
+
 The step decision is made once per step by the metadata builder, so a CUDA graph
 captured for a (padded) batch size holds exactly one decode kernel.
 """
@@ -52,6 +58,41 @@ def step_uses_asm(
         # The kernel's batch is len(context_lens): one query row per request.
         and num_reqs == num_tokens
         and num_tokens * num_heads > cut
+    )
+
+
+def leading_decodes(query_lens: list[int]) -> int | None:
+    """How many requests at the head of the batch have one query token, or None when a
+    one-token request also stands after the first longer one (the decodes do not lead:
+    vLLM's prefill kernel would skip it and no kernel would compute it)."""
+    num_decodes = 0
+    while num_decodes < len(query_lens) and query_lens[num_decodes] == 1:
+        num_decodes += 1
+    if 1 in query_lens[num_decodes:]:
+        return None
+    return num_decodes
+
+
+def mixed_step_uses_asm(
+    *,
+    max_query_len: int,
+    num_decodes: int | None,
+    num_heads: int,
+    cut: int,
+    split_allowed: bool,
+    capturing: bool,
+) -> bool:
+    """Whether a step's decode requests run asm while its prefill requests do not.
+
+    ``num_decodes`` is :func:`leading_decodes` of the step; ``split_allowed`` is False
+    where the mixed CUDA-graph mode is FULL or speculative decoding is on.
+    """
+    return (
+        max_query_len > 1  # the step has prefill rows
+        and num_decodes is not None  # every decode leads
+        and num_decodes * num_heads > cut
+        and split_allowed
+        and not capturing
     )
 
 

@@ -1,0 +1,210 @@
+"""Mixed prefill+decode steps: the leading decode requests on asm, the prefill requests on
+vLLM's prefill kernel, decided on host data in the builder, never inside a CUDA graph
+that could freeze the split."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+import harness
+from conftest import ARCH
+from op_audit import OpRecorder
+from rocm_emulation import COMPUTE_UNITS
+
+CUT = 2 * COMPUTE_UNITS[ARCH]
+HEADS = 40
+ABOVE = CUT // HEADS + 1  # decode requests just above the cut
+ATOL = 2e-2
+
+
+def mixed_batch(model, num_decodes, prefills=((100, 5), (37, 3)), seed=0):
+    """``num_decodes`` one-token requests first, then prefill chunks (seq_len, q_len)."""
+    seq_lens = [40 + i % 50 for i in range(num_decodes)] + [s for s, _ in prefills]
+    query_lens = [1] * num_decodes + [q for _, q in prefills]
+    batch = harness.make_batch(model, seq_lens, query_lens, seed=seed)
+    harness.fill_context(model, batch)
+    return batch
+
+
+def rows_of(batch):
+    starts = [0]
+    for q in batch.query_lens:
+        starts.append(starts[-1] + q)
+    return starts
+
+
+def check(model, batch, out, layer):
+    ref = harness.reference(model, batch, layer)
+    torch.testing.assert_close(out.float(), ref, atol=ATOL, rtol=0)
+
+
+def test_decodes_run_asm_and_prefills_the_prefill_kernel_each_row_once(tmp_path, kernels):
+    model = harness.build_model(tmp_path, num_layers=2)
+    batch = mixed_batch(model, ABOVE)
+    metadata = model.builder.build(0, batch.common)
+    split = metadata.asm_split
+    assert not metadata.use_asm_decode and split is not None
+    assert split.num_decodes == ABOVE
+    prefill_rows: list[int] = []
+    real_prefill = harness.prefill_reference
+
+    def spying_prefill(q, k, v, o, *args, **kwargs):
+        starts = kwargs["b_start_loc"].tolist()
+        for a, b in itertools.pairwise(starts):
+            if b - a > 1:
+                prefill_rows.extend(range(a, b))
+        return real_prefill(q, k, v, o, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as mp:
+        from vllm.v1.attention.ops import chunked_prefill_paged_decode as cppd
+
+        mp.setattr(cppd, "context_attention_fwd", spying_prefill)
+        for name, layer in model.layers.items():
+            out = harness.run_layer(model, name, batch, metadata)
+            check(model, batch, out, layer)
+    calls = harness.asm_calls()
+    assert len(calls) == 2 and kernels.hip_decode == 0
+    decode_rows = set(range(calls[0]["out_"].shape[0]))
+    assert decode_rows == set(range(ABOVE))  # asm gets exactly the decode rows
+    assert calls[0]["context_lens"].shape[0] == ABOVE
+    assert calls[0]["block_tables"].shape[0] == ABOVE
+    starts = rows_of(batch)
+    # Two layers: every prefill row once per layer, from the prefill kernel.
+    assert sorted(prefill_rows) == sorted(list(range(starts[ABOVE], starts[-1])) * 2)
+    assert not decode_rows & set(prefill_rows)
+
+
+def test_a_small_decode_part_stays_stock(tmp_path, kernels):
+    model = harness.build_model(tmp_path, num_layers=1)
+    batch = mixed_batch(model, ABOVE - 1)  # (ABOVE - 1) x 40 <= cut
+    metadata = model.builder.build(0, batch.common)
+    assert metadata.asm_split is None and not metadata.use_asm_decode
+    name = model.names[0]
+    check(model, batch, harness.run_layer(model, name, batch, metadata), model.layers[name])
+    assert harness.asm_calls() == [] and kernels.hip_decode == 1 and kernels.prefill == 1
+
+
+def test_decodes_that_do_not_lead_stay_stock_and_correct(tmp_path, kernels):
+    model = harness.build_model(tmp_path, num_layers=1)
+    seq_lens = [100] + [40] * ABOVE + [37]
+    query_lens = [5] + [1] * ABOVE + [3]
+    batch = harness.make_batch(model, seq_lens, query_lens)
+    harness.fill_context(model, batch)
+    metadata = model.builder.build(0, batch.common)
+    assert metadata.asm_split is None
+    name = model.names[0]
+    check(model, batch, harness.run_layer(model, name, batch, metadata), model.layers[name])
+    assert harness.asm_calls() == [] and kernels.hip_decode == 1
+
+
+def test_decodes_lead_in_vllms_v1_runner():
+    """The V1 runner reorders a batch only when the builder sets a threshold."""
+    from vllm_rocm_asm_decode.backend import RocmAsmDecodeMetadataBuilder
+
+    assert (
+        "_init_reorder_batch_threshold" in RocmAsmDecodeMetadataBuilder.__init__.__code__.co_names
+    )
+
+
+def builder_under(model, mode):
+    from vllm.config import CUDAGraphMode
+
+    model.vllm_config.compilation_config.cudagraph_mode = CUDAGraphMode[mode]
+    return model.backend.get_builder_cls()(
+        model.spec, model.names, model.vllm_config, torch.device("cpu")
+    )
+
+
+def test_full_mixed_graph_mode_keeps_mixed_steps_stock_but_not_pure_decodes(tmp_path, kernels):
+    model = harness.build_model(tmp_path, num_layers=1)
+    for mode, splits in (
+        ("FULL", False),
+        ("FULL_AND_PIECEWISE", True),
+        ("FULL_DECODE_ONLY", True),
+        ("PIECEWISE", True),
+        ("NONE", True),
+    ):
+        builder = builder_under(model, mode)
+        mixed = builder.build(0, mixed_batch(model, ABOVE).common)
+        assert (mixed.asm_split is not None) is splits, mode
+        pure = builder.build(0, harness.make_batch(model, [40] * ABOVE).common)
+        assert pure.use_asm_decode, mode
+
+
+def test_capture_builds_never_split(tmp_path, kernels):
+    model = harness.build_model(tmp_path, num_layers=1)
+    builder = model.builder
+    assert builder.build(0, mixed_batch(model, ABOVE).common).asm_split is not None
+    captured = builder.build_for_cudagraph_capture(mixed_batch(model, ABOVE, seed=1).common)
+    assert captured.asm_split is None
+    assert builder.build(0, mixed_batch(model, ABOVE, seed=2).common).asm_split is not None
+
+
+def test_speculative_decoding_keeps_mixed_steps_stock(tmp_path, kernels):
+    model = harness.build_model(tmp_path, num_layers=1)
+    model.vllm_config.speculative_config = object()  # any speculative config
+    builder = model.backend.get_builder_cls()(
+        model.spec, model.names, model.vllm_config, torch.device("cpu")
+    )
+    assert not builder.asm_split_allowed
+    assert builder.build(0, mixed_batch(model, ABOVE).common).asm_split is None
+
+
+def test_ineligible_layers_and_failed_call_checks_take_stock_forward_whole(
+    tmp_path, kernels, monkeypatch
+):
+    from vllm.v1.attention.backends.rocm_attn import RocmAttentionImpl
+
+    model = harness.build_model(tmp_path, num_layers=1)
+    batch = mixed_batch(model, ABOVE)
+    metadata = model.builder.build(0, batch.common)
+    assert metadata.asm_split is not None
+    stock = []
+    monkeypatch.setattr(
+        RocmAttentionImpl, "forward", lambda self, *a, **k: stock.append(k) or a[-1]
+    )
+    layer = model.layers[model.names[0]]
+    out = torch.empty_like(batch.query)
+    args = (layer, batch.query, batch.key, batch.value, layer.kv_cache, metadata, out)
+    layer.impl.forward(*args, output_scale=torch.ones(1))  # fused output quant
+    layer.impl.forward(layer, batch.query.to(torch.float8_e4m3fn), *args[2:])  # fp8 query
+    assert len(stock) == 2 and harness.asm_calls() == [] and kernels.prefill == 0
+    metadata.asm_bindings.layers.clear()  # as for a layer the rule refused
+    layer.impl.forward(*args)
+    assert len(stock) == 3 and harness.asm_calls() == []
+
+
+def test_mixed_forward_reads_nothing_on_the_host_and_allocates_nothing(tmp_path, monkeypatch):
+    from vllm.v1.attention.ops import chunked_prefill_paged_decode as cppd
+
+    monkeypatch.setenv("ASM_DECODE_TEST_NOOP_KERNELS", "1")
+    prefill_calls = []
+    monkeypatch.setattr(cppd, "context_attention_fwd", lambda **kw: prefill_calls.append(kw))
+    harness.reset_asm_calls()
+    model = harness.build_model(tmp_path, num_layers=2)
+    batch = harness.make_batch(model, [40] * ABOVE + [100], [1] * ABOVE + [8], contexts=False)
+    metadata = model.builder.build(0, batch.common)  # binds the layers (once)
+    out = torch.empty_like(batch.query)
+    with OpRecorder() as build_ops:
+        metadata = model.builder.build(0, batch.common)
+    assert metadata.asm_split is not None
+    with OpRecorder() as forward_ops:
+        for layer in model.layers.values():
+            layer.impl.forward(
+                layer, batch.query, batch.key, batch.value, layer.kv_cache, metadata, out
+            )
+    assert len(harness.asm_calls()) == 2 and len(prefill_calls) == 2
+    assert forward_ops.host_reads == [] and forward_ops.allocations == [], forward_ops.ops
+    # build() reads query_start_loc_cpu, a host tensor, and nothing on the device.
+    assert build_ops.allocations == [], build_ops.ops
+    split = metadata.asm_split
+    assert split.decode_seq_lens.data_ptr() == metadata.seq_lens.data_ptr()  # views
+    assert split.prefill_query_start_loc.data_ptr() == metadata.query_start_loc[ABOVE:].data_ptr()
+    call = prefill_calls[0]
+    assert call["b_start_loc"] is split.prefill_query_start_loc  # made once per step
+    assert (
+        call["skip_decode"] is True and call["sm_scale"] == model.layers[model.names[0]].impl.scale
+    )
