@@ -270,3 +270,46 @@ def test_missing_kernel_file_is_named():
 def test_unknown_arch_says_so_instead_of_naming_an_empty_one():
     reasons = rejection_reasons(LLAMA, TABLES[""], UNFIXED)
     assert reasons == ["an unknown GPU architecture (neither vLLM nor torch names it)"]
+
+
+@given(query_lens=st.lists(st.integers(0, 5), min_size=1, max_size=12))
+def test_leading_decodes_is_the_whole_decode_set_or_none(query_lens):
+    from vllm_rocm_asm_decode.decision import leading_decodes
+
+    ones = [i for i, q in enumerate(query_lens) if q == 1]
+    run = next((i for i, q in enumerate(query_lens) if q != 1), len(query_lens))
+    expected = run if all(i < run for i in ones) else None
+    assert leading_decodes(query_lens) == expected
+
+
+@given(
+    max_query_len=st.integers(1, 4),
+    num_decodes=st.one_of(st.none(), st.integers(0, 40)),
+    num_heads=st.sampled_from([8, 32, 40]),
+    cut=st.sampled_from([512, 608]),
+    split_allowed=st.booleans(),
+    capturing=st.booleans(),
+)
+def test_mixed_split_iff_every_condition_holds(
+    max_query_len, num_decodes, num_heads, cut, split_allowed, capturing
+):
+    from vllm_rocm_asm_decode.decision import mixed_step_uses_asm
+
+    expected = (
+        max_query_len >= 2
+        and num_decodes is not None
+        and num_decodes * num_heads > cut
+        and split_allowed
+        and not capturing
+    )
+    assert (
+        mixed_step_uses_asm(
+            max_query_len=max_query_len,
+            num_decodes=num_decodes,
+            num_heads=num_heads,
+            cut=cut,
+            split_allowed=split_allowed,
+            capturing=capturing,
+        )
+        is expected
+    )
