@@ -208,3 +208,72 @@ def test_mixed_forward_reads_nothing_on_the_host_and_allocates_nothing(tmp_path,
     assert (
         call["skip_decode"] is True and call["sm_scale"] == model.layers[model.names[0]].impl.scale
     )
+
+
+INTERPRETED = r"""
+import os, sys, json, pathlib, tempfile
+os.environ["TRITON_INTERPRET"] = "1"  # before vLLM's Triton kernels are defined
+sys.path.insert(0, {tests!r})
+import rocm_emulation
+arch = rocm_emulation.activate()
+import pytest, torch
+import harness
+rocm_emulation.patch_compute_units(arch)
+from vllm_rocm_asm_decode.plugin import register
+register()
+from vllm.v1.attention.ops import chunked_prefill_paged_decode as cppd
+real_prefill = cppd.context_attention_fwd
+harness.install_kernel_standins(pytest.MonkeyPatch())
+cppd.context_attention_fwd = real_prefill  # vLLM's own Triton prefill, interpreted
+model = harness.build_model(
+    pathlib.Path(tempfile.mkdtemp()), num_layers=1, num_heads=8, num_kv_heads=1, num_blocks=200
+)
+nd = rocm_emulation.COMPUTE_UNITS[arch] * 2 // 8 + 1
+batch = harness.make_batch(model, [20] * nd + [40, 23], [1] * nd + [6, 4])
+harness.fill_context(model, batch)
+name = model.names[0]
+layer = model.layers[name]
+md = model.builder.build(0, batch.common)
+split = harness.run_layer(model, name, batch, md)
+stock_md = md.__class__(**{{**vars(md), "asm_split": None}})
+stock = torch.full_like(batch.query, float("nan"))
+layer.impl.forward(layer, batch.query, batch.key, batch.value, layer.kv_cache, stock_md, stock)
+ref = harness.reference(model, batch, layer)
+print("RESULT " + json.dumps({{
+    "split": md.asm_split is not None,
+    "asm_calls": len(harness.asm_calls()),
+    "prefill_rows_identical": torch.equal(split[nd:], stock[nd:]),
+    "decode_err": float((split[:nd].float() - ref[:nd]).abs().max()),
+}}))
+"""
+
+
+def test_vllms_real_prefill_kernel_on_the_split_views_matches_the_stock_call():
+    """vLLM's Triton ``context_attention_fwd`` under Triton's interpreter (a fresh
+    process: the interpreter is chosen when the kernels are defined). The prefill rows of
+    the split step are bit-identical to the stock call's (which launches the kernel over
+    every request); the decode rows come from asm and match fp32. Under the interpreter
+    the fp8 prefill rows do not match the fp32 reference, stock and split alike, so they
+    are compared with each other, not with it."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    tests = str(Path(__file__).resolve().parents[1])
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ASM_DECODE_TEST_NOOP")}
+    proc = subprocess.run(
+        [sys.executable, "-c", INTERPRETED.format(tests=tests)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tests,
+    )
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
+    result = json.loads(lines[-1][len("RESULT ") :])
+    assert result["split"] and result["asm_calls"] == 1
+    assert result["prefill_rows_identical"]
+    assert result["decode_err"] < ATOL
