@@ -381,9 +381,18 @@ class RocmAsmDecodeMetadataBuilder(RocmAttentionMetadataBuilder):
         self.asm_cut = 0
         #: Whether mixed steps may be split: a FULL mixed CUDA-graph mode would freeze a
         #: host-side split into its graph; speculative decoding has multi-token decodes.
-        self.asm_split_allowed = (
-            vllm_config.compilation_config.cudagraph_mode.mixed_mode() != CUDAGraphMode.FULL
-            and vllm_config.speculative_config is None
+        full_mixed = vllm_config.compilation_config.cudagraph_mode.mixed_mode() == (
+            CUDAGraphMode.FULL
+        )
+        speculative = vllm_config.speculative_config is not None
+        self.asm_split_allowed = not full_mixed and not speculative
+        #: For the log: why mixed steps are not split.
+        self.asm_split_off = (
+            "cudagraph_mode is FULL for mixed steps"
+            if full_mixed
+            else "speculative decoding is on"
+            if speculative
+            else None
         )
         self._capturing = False
 
@@ -588,10 +597,15 @@ def _announce(
     then the real cache, then any other KV cache group): what is active and where."""
     bound = len(builder.asm_bindings.layers)
     blocks = sorted({layer.kv_cache.shape[0] for layer in cached})
+    mixed = (
+        "so do the leading decode requests of mixed steps"
+        if builder.asm_split_allowed
+        else f"mixed steps stay whole on the stock path ({builder.asm_split_off})"
+    )
     logger.info_once(
         "ROCM_ATTN asm decode: %d of %d layers eligible on %s (KV cache of %s blocks); "
         "pure-decode steps above %d query heads (%s) run aiter.pa_fwd_asm with "
-        "high_precision=%d, the rest the HIP decode",
+        "high_precision=%d, the rest the HIP decode; %s",
         bound,
         total,
         arch or "an unknown GPU architecture",
@@ -599,6 +613,7 @@ def _announce(
         builder.asm_cut,
         describe_cut(compute_units),
         ULTRA_PRECISION,
+        mixed,
     )
     if bound and max_model_len > VALIDATED_CONTEXT:
         logger.info_once(

@@ -92,6 +92,10 @@ class Plan:
     num_gpu_blocks: int | None
     #: What the AITER version means for this deployment, as a sentence.
     block_id_clause: str
+    #: Decode requests from which a mixed prefill+decode step runs its decode part on asm
+    #: (when the decodes lead, the mixed CUDA-graph mode is not FULL and there is no
+    #: speculative decoding); None when no layer is eligible.
+    mixed_asm_from_decodes: int | None = None
     #: Bytes of the scale tables at ``num_gpu_blocks`` blocks per layer; None without it.
     scale_table_bytes: int | None = None
     notes: list[str] = field(default_factory=list)
@@ -416,6 +420,7 @@ def make_plan(
         block_id_fix=aiter.block_id_fix,
         num_gpu_blocks=num_gpu_blocks,
         block_id_clause=block_id_sentence(aiter, num_gpu_blocks, facts[0].kv_page_bytes),
+        mixed_asm_from_decodes=cut // heads + 1 if any_eligible else None,
         scale_table_bytes=None
         if num_gpu_blocks is None
         else table_bytes_per_block * num_gpu_blocks,
@@ -447,6 +452,14 @@ def render(plan: Plan) -> str:
         f"aiter      {plan.block_id_clause}",
         f"cut        pure-decode steps above {plan.cut_query_heads} query heads "
         f"({plan.cut_source}) run asm",
+        "mixed      "
+        + (
+            "no layer is eligible"
+            if plan.mixed_asm_from_decodes is None
+            else f"a prefill+decode step runs its decode part on asm from "
+            f"{plan.mixed_asm_from_decodes} decode requests on (not with cudagraph_mode FULL "
+            "for mixed steps, nor with speculative decoding)"
+        ),
         "",
     ]
     if plan.eligible:

@@ -277,3 +277,22 @@ def test_vllms_real_prefill_kernel_on_the_split_views_matches_the_stock_call():
     assert result["split"] and result["asm_calls"] == 1
     assert result["prefill_rows_identical"]
     assert result["decode_err"] < ATOL
+
+
+def test_the_startup_line_says_whether_mixed_steps_split(tmp_path, kernels, plugin_log):
+    model = harness.build_model(tmp_path, num_layers=1)
+    model.builder.build(0, mixed_batch(model, 2).common)
+    builder_under(model, "FULL").build(0, mixed_batch(model, 2, seed=1).common)
+    lines = [m for m in plugin_log if "layers eligible" in m]
+    assert lines[0].endswith("; so do the leading decode requests of mixed steps")
+    assert lines[1].endswith(
+        "; mixed steps stay whole on the stock path (cudagraph_mode is FULL for mixed steps)"
+    )
+
+
+def test_plan_says_from_how_many_decodes_a_mixed_step_splits():
+    from vllm_rocm_asm_decode.plan import make_plan
+
+    plan = make_plan(model="qwen3-14b-fp8", gpu="mi355x")
+    assert plan.mixed_asm_from_decodes == 13  # 13 x 40 = 520 > 512; 12 x 40 = 480 is not
+    assert make_plan(gpu="mi355x", kv_cache_dtype="auto").mixed_asm_from_decodes is None
