@@ -198,6 +198,14 @@ def _add_bench_serve(bench) -> None:
     )
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
+    p.add_argument(
+        "--dataset",
+        default="random",
+        metavar="random|sharegpt",
+        help="random: 1024 in / 1024 out with --ignore-eos, the original change's run "
+        "(default); sharegpt: vLLM's ShareGPT run, chat-like lengths (needs --dataset-path)",
+    )
+    p.add_argument("--dataset-path", default=None, metavar="FILE", help="the ShareGPT JSON file")
     p.add_argument("--input-len", type=int, default=1024, help="random input length")
     p.add_argument("--output-len", type=int, default=1024, help="random output length")
     p.add_argument("--max-model-len", type=int, default=40960)
@@ -356,7 +364,8 @@ def _bench_serve(args: argparse.Namespace) -> int:
             input_len=args.input_len, output_len=args.output_len,
             max_model_len=args.max_model_len, gpu_memory_utilization=args.gpu_memory_utilization,
             result_dir=Path(args.result_dir), vllm=args.vllm, serve_args=args.serve_arg,
-            health_timeout=args.health_timeout,
+            health_timeout=args.health_timeout, dataset=args.dataset,
+            dataset_path=None if args.dataset_path is None else Path(args.dataset_path),
         )  # fmt: skip
     except ValueError as exc:
         print(f"{PROG} bench serve: error: {exc}", file=sys.stderr)
@@ -364,7 +373,7 @@ def _bench_serve(args: argparse.Namespace) -> int:
     outcome = sb.run_ab(cfg, log=lambda line: print(line, file=sys.stderr, flush=True))
     sb.flag_outliers(outcome.results)
     rows = sb.summarize(outcome.results, cfg.baseline)
-    print(sb.render(rows, outcome.results, cfg.baseline, cfg.model))
+    print(sb.render(rows, outcome.results, cfg.baseline, cfg.model, outcome.arms))
     if args.json:
         data = outcome.to_json() | {"summary": [vars(r) for r in rows]}
         Path(args.json).write_text(json.dumps(data, indent=2))
@@ -378,6 +387,14 @@ def _bench_serve(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 130 if outcome.interrupted else 1
+    unconfirmed = [f"{a.arm} repeat {a.repeat}" for a in outcome.arms if not a.confirmed]
+    if unconfirmed:
+        print(
+            f"{PROG} bench serve: error: could not confirm the arm of {', '.join(unconfirmed)} "
+            "from its server log (see above); the comparison may not be what it says",
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 

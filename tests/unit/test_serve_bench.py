@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import sys
 from pathlib import Path
 
 import pytest
@@ -68,6 +67,70 @@ def test_bench_command_is_vllms_random_dataset_run():
         "--result-filename x.json",
     ):
         assert part in joined
+
+
+def test_bench_command_for_sharegpt(tmp_path):
+    data = tmp_path / "sharegpt.json"
+    data.write_text("[]")
+    cmd = sb.bench_command(
+        sb.ServeConfig(model="m", dataset="sharegpt", dataset_path=data), 64, 256, "x.json"
+    )
+    joined = " ".join(cmd)
+    assert f"--dataset-name sharegpt --dataset-path {data}" in joined
+    assert "--random-input-len" not in joined and "--ignore-eos" not in joined
+
+
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        (dict(dataset="sharegpt"), "--dataset sharegpt needs --dataset-path FILE"),
+        (dict(dataset="sharegpt", dataset_path="/no/such.json"), "needs --dataset-path FILE"),
+        (dict(dataset="sonnet"), "--dataset 'sonnet': use random or sharegpt"),
+    ],
+    ids=["no-path", "missing-file", "unknown"],
+)
+def test_bad_dataset_is_refused(kw, message):
+    with pytest.raises(ValueError, match=message):
+        sb.ServeConfig(model="m", **kw)
+
+
+@pytest.mark.parametrize(
+    ("arm", "log", "confirmed", "detail"),
+    [
+        (
+            "asm-decode",
+            "x ROCM_ATTN asm decode plugin registered (p)\n"
+            "x ROCM_ATTN asm decode: 40 of 40 layers eligible on gfx950 (KV cache of 512 blocks)\n"
+            "x ROCM_ATTN asm decode: 0 of 40 layers eligible on gfx950 (KV cache of 183104)\n",
+            False,
+            "0 of 40 layers eligible: the asm decode never ran",
+        ),
+        (
+            "asm-decode",
+            "ROCM_ATTN asm decode plugin registered\n"
+            "ROCM_ATTN asm decode: 40 of 40 layers eligible on gfx950 (KV cache of 183104)\n",
+            True,
+            "asm decode on: 40 of 40 layers eligible",
+        ),
+        ("asm-decode", "", False, "no 'ROCM_ATTN asm decode plugin registered' line"),
+        (
+            "plugin-off",
+            "ROCM_ATTN asm decode plugin inactive: VLLM_ROCM_ASM_DECODE=0\n",
+            True,
+            "asm decode off (VLLM_ROCM_ASM_DECODE=0)",
+        ),
+        (
+            "mha-off",
+            "ROCM_ATTN asm decode plugin registered\n",
+            False,
+            "the plugin registered although VLLM_ROCM_USE_AITER_MHA=0 was set",
+        ),
+    ],
+    ids=["candidate-none-eligible", "candidate", "candidate-quiet", "baseline", "mha-leak"],
+)
+def test_the_arm_is_confirmed_from_the_server_log(arm, log, confirmed, detail):
+    ok, said = sb.confirm_arm(arm, log)
+    assert ok is confirmed and said.startswith(detail)
 
 
 def test_arms_alternate_and_switches_do_not_leak():
@@ -196,6 +259,12 @@ def test_full_ab_run_against_a_stand_in_server(tmp_path, monkeypatch):
     assert len(outcome.results) == 8  # 2 repeats x 2 arms x 2 concurrencies
     assert [s.arm for s in spy.servers] == ["plugin-off", "asm-decode", "asm-decode", "plugin-off"]
     assert spy.all_stopped() and not sb.port_in_use(cfg.host, cfg.port)
+    assert [(a.arm, a.confirmed) for a in outcome.arms] == [
+        ("plugin-off", True),
+        ("asm-decode", True),
+        ("asm-decode", True),
+        ("plugin-off", True),
+    ]
     rows = sb.summarize(outcome.results, "plugin-off")
     assert [r.concurrency for r in rows] == [1, 64]
     assert all(r.change_pct == pytest.approx(5.0) for r in rows)
@@ -279,10 +348,16 @@ def test_cli_exit_codes_and_json(tmp_path, monkeypatch, capsys):
     assert "| 8 | 800 -> 840 | +5.0% |" in out
     data = json.loads((tmp_path / "out.json").read_text())
     assert len(data["results"]) == 4 and data["error"] is None
+    assert [a["confirmed"] for a in data["arms"]] == [True, True]
+    monkeypatch.setenv("FAKE_VLLM_QUIET", "1")  # no start-up lines: nothing to confirm
+    assert main(args) == 1
+    captured = capsys.readouterr()
+    assert "plugin-off repeat 0: UNCONFIRMED" in captured.out
+    assert "could not confirm the arm of plugin-off repeat 0, asm-decode repeat 0" in (captured.err)
+    monkeypatch.delenv("FAKE_VLLM_QUIET")
     monkeypatch.setenv("FAKE_VLLM_SERVE_FAIL", "1")
     assert main(args) == 1
     assert "before /health" in capsys.readouterr().err
-    assert sys.executable  # the stand-in runs on this interpreter's python3
 
 
 def test_serve_plot(tmp_path):

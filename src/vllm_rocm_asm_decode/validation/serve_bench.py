@@ -3,16 +3,25 @@
 
 Each arm gets a fresh server (``VLLM_ROCM_USE_AITER=1 vllm serve <model> --kv-cache-dtype
 fp8 --max-model-len 40960 --gpu-memory-utilization 0.85``), waits for ``/health``, runs
-``vllm bench serve`` (random dataset, 1024 in / 1024 out, ``--ignore-eos``) at each
-concurrency with ``--save-result``, and stops the server. Arms alternate across repeats.
-The server is stopped on every path out (failure, crash, Ctrl-C) and the results saved
-so far are kept and reported.
+``vllm bench serve`` (random dataset, 1024 in / 1024 out, ``--ignore-eos``; or, with
+``--dataset sharegpt --dataset-path FILE``, vLLM's ShareGPT run: chat-like lengths, whose
+mixed prefill+decode steps the plugin splits) at each concurrency with
+``--save-result``, and stops the server. Arms alternate across repeats. The server is
+stopped on every path out (failure, crash, Ctrl-C) and the results saved so far are kept
+and reported.
+
+Each server's log is read once it is healthy to confirm the arm: the asm-decode arm must
+log the plugin's registration and its "N of M layers eligible" line with N > 0, the
+baseline the plugin's "inactive" line with its switch. A run whose arm cannot be
+confirmed (the lines are missing, e.g. with VLLM_LOGGING_LEVEL above INFO) is reported
+as unconfirmed.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import statistics
@@ -37,6 +46,10 @@ DEFAULT_NUM_PROMPTS = (8, 32, 64, 256, 256)
 #: A run whose p99 ITL exceeds this multiple of the median of the other runs at the same
 #: concurrency is flagged (host stalls) and left out of the means.
 OUTLIER_FACTOR = 3.0
+DATASETS = ("random", "sharegpt")
+#: What each baseline's server logs when the plugin stays out of the way.
+BASELINE_SWITCH = {"plugin-off": "VLLM_ROCM_ASM_DECODE=0", "mha-off": "VLLM_ROCM_USE_AITER_MHA=0"}
+_ELIGIBLE = re.compile(r"ROCM_ATTN asm decode: (\d+) of (\d+) layers eligible")
 
 
 class ServeError(RuntimeError):
@@ -62,10 +75,21 @@ class ServeConfig:
     serve_args: Sequence[str] = ()
     health_timeout: float = 1800.0
     stop_timeout: float = 60.0
+    dataset: str = "random"
+    dataset_path: Path | None = None
 
     def __post_init__(self) -> None:
         if self.baseline not in ("plugin-off", "mha-off"):
             raise ValueError(f"--baseline {self.baseline!r}: use plugin-off or mha-off")
+        if self.dataset not in DATASETS:
+            raise ValueError(f"--dataset {self.dataset!r}: use random or sharegpt")
+        if self.dataset == "sharegpt" and (
+            self.dataset_path is None or not Path(self.dataset_path).is_file()
+        ):
+            raise ValueError(
+                "--dataset sharegpt needs --dataset-path FILE, a ShareGPT JSON file "
+                f"(got {self.dataset_path})"
+            )
         if len(self.concurrencies) != len(self.num_prompts):
             raise ValueError(
                 f"{len(self.concurrencies)} concurrencies but {len(self.num_prompts)} "
@@ -112,18 +136,55 @@ def result_name(arm: str, repeat: int, concurrency: int) -> str:
 
 
 def bench_command(cfg: ServeConfig, concurrency: int, num_prompts: int, name: str) -> list[str]:
+    if cfg.dataset == "sharegpt":
+        dataset = ["--dataset-name", "sharegpt", "--dataset-path", str(cfg.dataset_path)]
+    else:
+        dataset = [
+            "--dataset-name", "random",
+            "--random-input-len", str(cfg.input_len),
+            "--random-output-len", str(cfg.output_len),
+            "--ignore-eos",
+        ]  # fmt: skip
     return [
         cfg.vllm, "bench", "serve",
         "--backend", "vllm", "--model", cfg.model,
         "--host", cfg.host, "--port", str(cfg.port),
-        "--dataset-name", "random",
-        "--random-input-len", str(cfg.input_len),
-        "--random-output-len", str(cfg.output_len),
-        "--ignore-eos",
+        *dataset,
         "--max-concurrency", str(concurrency),
         "--num-prompts", str(num_prompts),
         "--save-result", "--result-dir", str(cfg.result_dir), "--result-filename", name,
     ]  # fmt: skip
+
+
+@dataclass
+class ArmCheck:
+    """What one server's log says about its arm."""
+
+    arm: str
+    repeat: int
+    confirmed: bool
+    detail: str
+
+
+def confirm_arm(arm: str, log_text: str) -> tuple[bool, str]:
+    """Whether a server's log shows its arm: the asm decode on (registered, some layer
+    eligible) for the candidate, the plugin inactive by its switch for a baseline."""
+    if arm == CANDIDATE:
+        if "ROCM_ATTN asm decode plugin registered" not in log_text:
+            return False, "no 'ROCM_ATTN asm decode plugin registered' line in the log"
+        counts = _ELIGIBLE.findall(log_text)
+        if not counts:
+            return False, "no 'layers eligible' line in the log"
+        eligible, total = (int(x) for x in counts[-1])  # the last: the real KV cache
+        if not eligible:
+            return False, f"0 of {total} layers eligible: the asm decode never ran"
+        return True, f"asm decode on: {eligible} of {total} layers eligible"
+    switch = BASELINE_SWITCH[arm]
+    if f"ROCM_ATTN asm decode plugin inactive: {switch}" in log_text:
+        return True, f"asm decode off ({switch})"
+    if "ROCM_ATTN asm decode plugin registered" in log_text:
+        return False, f"the plugin registered although {switch} was set"
+    return False, "no 'ROCM_ATTN asm decode plugin inactive' line in the log"
 
 
 def port_in_use(host: str, port: int) -> bool:
@@ -158,6 +219,12 @@ class Server:
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
 
     def wait_healthy(self) -> None:
         url = f"http://{self.cfg.host}:{self.cfg.port}/health"
@@ -299,7 +366,13 @@ def _f(value: float | None, fmt: str = "{:.0f}") -> str:
     return "—" if value is None else fmt.format(value)
 
 
-def render(rows: list[Row], results: list[RunResult], baseline: str, model: str) -> str:
+def render(
+    rows: list[Row],
+    results: list[RunResult],
+    baseline: str,
+    model: str,
+    arms: Sequence[ArmCheck] = (),
+) -> str:
     lines = [
         f"{model}: output tok/s, {baseline} -> {CANDIDATE} (mean over runs; outliers left out)",
         "",
@@ -320,6 +393,9 @@ def render(rows: list[Row], results: list[RunResult], baseline: str, model: str)
                 f"outlier left out: {r.arm} repeat {r.repeat} concurrency {r.concurrency}: "
                 f"p99 ITL {r.p99_itl_ms:.1f} ms ({r.path})"
             )
+    for a in arms:
+        state = "confirmed" if a.confirmed else "UNCONFIRMED"
+        lines.append(f"{a.arm} repeat {a.repeat}: {state}: {a.detail}")
     return "\n".join(lines)
 
 
@@ -328,10 +404,12 @@ class Outcome:
     results: list[RunResult]
     error: str | None = None
     interrupted: bool = False
+    arms: list[ArmCheck] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "results": [asdict(r) for r in self.results],
+            "arms": [asdict(a) for a in self.arms],
             "error": self.error,
             "interrupted": self.interrupted,
         }
@@ -355,6 +433,9 @@ def run_ab(
             log(f"== {arm} (repeat {repeat}): starting {' '.join(serve_command(cfg))}")
             server.start()
             server.wait_healthy()
+            confirmed, detail = confirm_arm(arm, server.log_text())
+            outcome.arms.append(ArmCheck(arm, repeat, confirmed, detail))
+            log(f"== {arm} (repeat {repeat}): {'' if confirmed else 'UNCONFIRMED: '}{detail}")
             for c, n in zip(cfg.concurrencies, cfg.num_prompts, strict=True):
                 name = result_name(arm, repeat, c)
                 code = bench(bench_command(cfg, c, n, name))
