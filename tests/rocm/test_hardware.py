@@ -219,3 +219,27 @@ def test_selftest_accuracy_probe(dtype):
 
     check = selftest.accuracy_probe("cuda", dtype)
     assert check.ok, check.detail
+
+
+@pytest.mark.parametrize(("heads", "kvh"), [(40, 8), (32, 4)], ids=["40-8", "32-4"])
+def test_mixed_step_splits_decodes_to_asm_and_prefills_to_the_prefill_kernel(tmp_path, heads, kvh):
+    """A mixed step above the cut: the leading decodes through the real asm kernel, the
+    prefill chunks through vLLM's Triton prefill kernel on the split's views."""
+    from vllm_rocm_asm_decode.validation import selftest
+
+    nd = max(selftest.sequences_above_cut(heads), 16)
+    seq_lens = [CONTEXTS[i % len(CONTEXTS)] for i in range(nd)] + [600, 130]
+    query_lens = [1] * nd + [512, 37]
+    model = model_for(tmp_path, heads, kvh, nd + 2, max(seq_lens))
+    batch = harness.make_batch(model, seq_lens, query_lens)
+    harness.fill_context(model, batch)
+    metadata = model.builder.build(0, batch.common)
+    assert not metadata.use_asm_decode and metadata.asm_split is not None
+    assert metadata.asm_split.num_decodes == nd
+    name = model.names[0]
+    out = harness.run_layer(model, name, batch, metadata)
+    torch.cuda.synchronize()
+    ref = harness.reference(model, batch, model.layers[name])
+    max_err, mean_err = errors(out[:nd], ref[:nd])
+    assert max_err <= ASM_MAX and mean_err <= ASM_MEAN, (max_err, mean_err)
+    assert errors(out[nd:], ref[nd:])[0] <= ASM_MAX  # the Triton prefill rows
