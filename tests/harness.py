@@ -33,6 +33,7 @@ from vllm_rocm_asm_decode.testbed import (  # noqa: F401 - the tests use them vi
     store_fp8_keys,
     store_fp8_tokens,
     write_model_dir,
+    write_step,
 )
 
 # --------------------------------------------------------------------------------------

@@ -26,7 +26,6 @@ bindings stale, and the next ``build()`` (never inside a graph capture) decides 
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,7 +42,7 @@ from vllm.v1.attention.backends.rocm_attn import (
 from vllm.v1.attention.ops import chunked_prefill_paged_decode as stock_ops
 from vllm.v1.attention.ops.chunked_prefill_paged_decode import has_native_kv_cache_layout
 from vllm.v1.attention.ops.paged_attn import PagedAttention
-from vllm.v1.kv_cache_interface import AttentionSpec
+from vllm.v1.kv_cache_interface import AttentionSpec, SlidingWindowSpec
 
 from . import settings
 from .decision import (
@@ -51,10 +50,18 @@ from .decision import (
     describe_cut,
     leading_decodes,
     mixed_step_uses_asm,
+    prefill_view_start,
     resolve_cut,
     step_uses_asm,
 )
-from .eligibility import VALIDATED_CONTEXT, LayerFacts, rejection_reasons
+from .eligibility import (
+    ASM_BLOCK_SIZE,
+    ASM_HEAD_SIZE,
+    E4M3_CACHE_DTYPES,
+    VALIDATED_CONTEXT,
+    LayerFacts,
+    rejection_reasons,
+)
 from .kernel import AsmKernel, current_arch, load_asm_kernel
 from .kernel_table import ULTRA_PRECISION
 from .log import logger
@@ -98,15 +105,16 @@ class AsmBindings:
 @dataclass(frozen=True)
 class MixedSplit:
     """A mixed step cut in two, as views made once per step: the leading decode requests
-    (one query token each, rows ``[0, num_decodes)``) for the asm kernel, the rest for
-    vLLM's prefill kernel, which reads absolute query rows from its start locations."""
+    (one query token each, rows ``[0, num_decodes)``) for the asm kernel, the requests
+    from :func:`~.decision.prefill_view_start` on for vLLM's prefill kernel, which reads
+    absolute query rows from its start locations and skips one-token requests."""
 
     num_decodes: int
     decode_seq_lens: torch.Tensor  # seq_lens[:num_decodes]
     decode_block_table: torch.Tensor  # block_table[:num_decodes]
-    prefill_query_start_loc: torch.Tensor  # query_start_loc[num_decodes:]
-    prefill_seq_lens: torch.Tensor  # seq_lens[num_decodes:]
-    prefill_block_table: torch.Tensor  # block_table[num_decodes:]
+    prefill_query_start_loc: torch.Tensor  # query_start_loc[start:]
+    prefill_seq_lens: torch.Tensor  # seq_lens[start:]
+    prefill_block_table: torch.Tensor  # block_table[start:]
 
 
 @dataclass
@@ -269,13 +277,16 @@ class RocmAsmDecodeImpl(RocmAttentionImpl):
     ) -> None:
         """A mixed step: the prefill requests through vLLM's own prefill kernel, with the
         arguments stock ``forward`` passes it, on the prefill requests' views; the
-        leading decode rows through ``pa_fwd_asm``. No HIP decode is launched."""
-        num_tokens = attn_metadata.num_actual_tokens
+        leading decode rows through ``pa_fwd_asm``. No HIP decode is launched.
+
+        The prefill kernel indexes absolute rows from its start locations, so it gets the
+        whole ``q/k/v/o`` (``key``/``value`` may be None: it then reads the new tokens
+        from the cache, as in stock)."""
         stock_ops.context_attention_fwd(
-            q=query[:num_tokens],
-            k=key[:num_tokens],
-            v=value[:num_tokens],
-            o=output[:num_tokens],
+            q=query,
+            k=key,
+            v=value,
+            o=output,
             kv_cache_dtype=self.kv_cache_dtype,
             k_cache=binding.key_cache,
             v_cache=binding.value_pages,
@@ -373,18 +384,25 @@ class RocmAsmDecodeMetadataBuilder(RocmAttentionMetadataBuilder):
         device: torch.device,
     ) -> None:
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
-        # Decode requests lead the batch (the V1 runner reorders on this; Model Runner V2
-        # always does), so a mixed step splits at one boundary.
-        self._init_reorder_batch_threshold(1)
         self.asm_layers_bound = False
         self.asm_bindings = AsmBindings()
         self.asm_cut = 0
-        #: Whether mixed steps may be split: a FULL mixed CUDA-graph mode would freeze a
-        #: host-side split into its graph; speculative decoding has multi-token decodes.
-        full_mixed = vllm_config.compilation_config.cudagraph_mode.mixed_mode() == (
-            CUDAGraphMode.FULL
-        )
-        speculative = vllm_config.speculative_config is not None
+        self._capturing = False
+        self._resolve_split()
+        if self.asm_split_allowed and _may_split(kv_cache_spec, vllm_config):
+            # Decode requests lead the batch (the V1 runner reorders on this; Model Runner
+            # V2 always does), so a mixed step splits at one boundary. Only where a split
+            # can happen: the runner takes the lowest threshold of all builders.
+            self._init_reorder_batch_threshold(1)
+
+    def _resolve_split(self) -> None:
+        """Whether mixed steps may be split: a FULL mixed CUDA-graph mode would freeze a
+        host-side split into its graph; speculative decoding has multi-token decodes.
+        Decided again at bind time (Model Runner V2 resolves the graph mode after it
+        makes the builders)."""
+        config = self.vllm_config
+        full_mixed = config.compilation_config.cudagraph_mode.mixed_mode() == CUDAGraphMode.FULL
+        speculative = config.speculative_config is not None
         self.asm_split_allowed = not full_mixed and not speculative
         #: For the log: why mixed steps are not split.
         self.asm_split_off = (
@@ -394,7 +412,6 @@ class RocmAsmDecodeMetadataBuilder(RocmAttentionMetadataBuilder):
             if speculative
             else None
         )
-        self._capturing = False
 
     def build_for_cudagraph_capture(
         self, common_attn_metadata: CommonAttentionMetadata
@@ -438,8 +455,10 @@ class RocmAsmDecodeMetadataBuilder(RocmAttentionMetadataBuilder):
     ) -> MixedSplit | None:
         """The split of a mixed step, decided on host data (``query_start_loc_cpu``), or
         None when its decode part stays on the stock path."""
-        starts = common.query_start_loc_cpu[: common.num_reqs + 1].tolist()
-        num_decodes = leading_decodes([b - a for a, b in itertools.pairwise(starts)])
+        if (common.num_reqs - 1) * self.num_heads_q <= self.asm_cut:
+            return None  # at least one request is a prefill: too few decodes
+        starts = common.query_start_loc_cpu.numpy()[: common.num_reqs + 1]
+        num_decodes = leading_decodes(starts)
         if not mixed_step_uses_asm(
             max_query_len=metadata.max_query_len,
             num_decodes=num_decodes,
@@ -450,13 +469,14 @@ class RocmAsmDecodeMetadataBuilder(RocmAttentionMetadataBuilder):
         ):
             return None
         assert num_decodes is not None
+        start = prefill_view_start(num_decodes)
         return MixedSplit(
             num_decodes=num_decodes,
             decode_seq_lens=metadata.seq_lens[:num_decodes],
             decode_block_table=metadata.block_table[:num_decodes],
-            prefill_query_start_loc=metadata.query_start_loc[num_decodes:],
-            prefill_seq_lens=metadata.seq_lens[num_decodes:],
-            prefill_block_table=metadata.block_table[num_decodes:],
+            prefill_query_start_loc=metadata.query_start_loc[start:],
+            prefill_seq_lens=metadata.seq_lens[start:],
+            prefill_block_table=metadata.block_table[start:],
         )
 
     def binding(self, layer_name: str) -> AsmLayerBinding | None:
@@ -477,6 +497,7 @@ class RocmAsmDecodeMetadataBuilder(RocmAttentionMetadataBuilder):
         again = self.asm_layers_bound
         self.asm_layers_bound = True
         self.asm_bindings = AsmBindings()
+        self._resolve_split()
         arch = current_arch()
         kernel, why_not = load_asm_kernel(arch)
         if kernel is None:
@@ -514,6 +535,18 @@ class RocmAsmDecodeMetadataBuilder(RocmAttentionMetadataBuilder):
                 log = logger.warning_once if again else logger.info_once
                 log("ROCM_ATTN asm decode: %slayers with %s keep the HIP decode", when, reason)
         _announce(self, arch, compute_units, len(layers), cached, model_config.max_model_len)
+
+
+def _may_split(spec: AttentionSpec, vllm_config: VllmConfig) -> bool:
+    """Whether this builder's layers could be eligible at all (so that asking vLLM to put
+    decodes first can pay off): an fp8 e4m3 cache of 16-token blocks, head size 128, no
+    sliding window."""
+    return (
+        vllm_config.cache_config.cache_dtype in E4M3_CACHE_DTYPES
+        and spec.block_size == ASM_BLOCK_SIZE
+        and spec.head_size == ASM_HEAD_SIZE
+        and not isinstance(spec, SlidingWindowSpec)
+    )
 
 
 def decide_layers(

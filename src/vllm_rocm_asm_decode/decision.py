@@ -23,6 +23,10 @@ captured for a (padded) batch size holds exactly one decode kernel.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+import numpy as np
+
 from . import settings
 
 
@@ -61,16 +65,25 @@ def step_uses_asm(
     )
 
 
-def leading_decodes(query_lens: list[int]) -> int | None:
-    """How many requests at the head of the batch have one query token, or None when a
-    one-token request also stands after the first longer one (the decodes do not lead:
-    vLLM's prefill kernel would skip it and no kernel would compute it)."""
-    num_decodes = 0
-    while num_decodes < len(query_lens) and query_lens[num_decodes] == 1:
-        num_decodes += 1
-    if 1 in query_lens[num_decodes:]:
+def leading_decodes(query_start_loc: Sequence[int] | np.ndarray) -> int | None:
+    """From a step's query start locations (host data): how many requests at the head of
+    the batch have one query token, or None when a one-token request also stands after
+    the first longer one (the decodes do not lead: vLLM's prefill kernel would skip it
+    and no kernel would compute it)."""
+    one = np.diff(np.asarray(query_start_loc)) == 1
+    num_decodes = len(one) if one.all() else int(np.argmin(one))
+    if one[num_decodes:].any():
         return None
     return num_decodes
+
+
+def prefill_view_start(num_decodes: int) -> int:
+    """Where a split step's prefill views start: the last multiple of 4 requests at or
+    before the first prefill, so their int32 pointers keep the 16-byte alignment of the
+    base tensors stock passes and vLLM's Triton prefill runs the variant stock compiled
+    (Triton specializes on pointer alignment). The up to 3 decode requests this takes in
+    are skipped by that kernel (``skip_decode``) and computed by asm."""
+    return num_decodes - num_decodes % 4
 
 
 def mixed_step_uses_asm(

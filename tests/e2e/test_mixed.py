@@ -13,6 +13,7 @@ import harness
 from conftest import ARCH
 from op_audit import OpRecorder
 from rocm_emulation import COMPUTE_UNITS
+from vllm_rocm_asm_decode.decision import prefill_view_start
 
 CUT = 2 * COMPUTE_UNITS[ARCH]
 HEADS = 40
@@ -75,6 +76,38 @@ def test_decodes_run_asm_and_prefills_the_prefill_kernel_each_row_once(tmp_path,
     # Two layers: every prefill row once per layer, from the prefill kernel.
     assert sorted(prefill_rows) == sorted(list(range(starts[ABOVE], starts[-1])) * 2)
     assert not decode_rows & set(prefill_rows)
+
+
+def test_a_layer_called_without_key_and_value_reads_the_new_tokens_from_the_cache(
+    tmp_path, kernels
+):
+    """Some models (shared-KV layers) call attention with key=value=None: the split hands
+    the prefill kernel None, as stock does, and it reads the new tokens from the cache."""
+    model = harness.build_model(tmp_path, num_layers=1)
+    batch = mixed_batch(model, ABOVE)
+    metadata = model.builder.build(0, batch.common)
+    assert metadata.asm_split is not None
+    name = model.names[0]
+    layer = model.layers[name]
+    harness.write_step(model, batch)  # the cache already holds this step's tokens
+    out = torch.empty_like(batch.query)
+    layer.impl.forward(layer, batch.query, None, None, layer.kv_cache, metadata, out)
+    check(model, batch, out, layer)
+    assert len(harness.asm_calls()) == 1 and kernels.prefill == 1
+
+
+def test_decodes_not_on_a_four_request_boundary_are_computed_once(tmp_path, kernels):
+    """The prefill views start at the last multiple of 4 at or before the first prefill;
+    the decode requests in between are skipped by the prefill kernel and run on asm."""
+    model = harness.build_model(tmp_path, num_layers=1)
+    nd = ABOVE + (3 - ABOVE % 4)  # nd % 4 == 3: three decodes inside the prefill views
+    batch = mixed_batch(model, nd)
+    metadata = model.builder.build(0, batch.common)
+    split = metadata.asm_split
+    assert split.num_decodes == nd and split.prefill_seq_lens.shape[0] == 2 + 3
+    name = model.names[0]
+    check(model, batch, harness.run_layer(model, name, batch, metadata), model.layers[name])
+    assert harness.asm_calls()[0]["out_"].shape[0] == nd and kernels.hip_decode == 0
 
 
 def test_a_small_decode_part_stays_stock(tmp_path, kernels):
@@ -202,7 +235,16 @@ def test_mixed_forward_reads_nothing_on_the_host_and_allocates_nothing(tmp_path,
     assert build_ops.allocations == [], build_ops.ops
     split = metadata.asm_split
     assert split.decode_seq_lens.data_ptr() == metadata.seq_lens.data_ptr()  # views
-    assert split.prefill_query_start_loc.data_ptr() == metadata.query_start_loc[ABOVE:].data_ptr()
+    start = prefill_view_start(ABOVE)
+    assert split.prefill_query_start_loc.data_ptr() == metadata.query_start_loc[start:].data_ptr()
+    # The prefill kernel's pointers keep the 16-byte alignment of stock's base tensors, so
+    # Triton runs the variant stock compiled.
+    for view, base in (
+        (split.prefill_query_start_loc, metadata.query_start_loc),
+        (split.prefill_seq_lens, metadata.seq_lens),
+        (split.prefill_block_table, metadata.block_table),
+    ):
+        assert (view.data_ptr() - base.data_ptr()) % 16 == 0
     call = prefill_calls[0]
     assert call["b_start_loc"] is split.prefill_query_start_loc  # made once per step
     assert (

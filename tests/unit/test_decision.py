@@ -279,7 +279,10 @@ def test_leading_decodes_is_the_whole_decode_set_or_none(query_lens):
     ones = [i for i, q in enumerate(query_lens) if q == 1]
     run = next((i for i, q in enumerate(query_lens) if q != 1), len(query_lens))
     expected = run if all(i < run for i in ones) else None
-    assert leading_decodes(query_lens) == expected
+    starts = [0]
+    for q in query_lens:
+        starts.append(starts[-1] + q)
+    assert leading_decodes(starts) == expected
 
 
 @given(
@@ -313,3 +316,12 @@ def test_mixed_split_iff_every_condition_holds(
         )
         is expected
     )
+
+
+@given(num_decodes=st.integers(0, 600))
+def test_prefill_views_start_aligned_at_or_before_the_first_prefill(num_decodes):
+    from vllm_rocm_asm_decode.decision import prefill_view_start
+
+    start = prefill_view_start(num_decodes)
+    assert start <= num_decodes < start + 4
+    assert (start * 4) % 16 == 0  # int32 elements: a 16-byte aligned view
