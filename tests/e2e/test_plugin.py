@@ -1,6 +1,10 @@
-"""The entry point and ``register()``: vLLM reads the platform and AITER switches at
-import, so each case runs in a fresh Python process with its own environment; vLLM is
-real in all of them, only the hardware query and the kernel library are stand-ins."""
+"""The entry point and ``register()`` in processes of their own: vLLM resolves the
+platform when it is imported, and caches its backend choice and loaded plugins per
+process. One process imports vLLM per environment that must differ at import (the ROCm
+stand-in with AITER, without AITER, no ROCm at all); it then forks a child per case, which
+sets the case's switches before anything is registered or selected, so every case starts
+as a fresh vLLM process would. vLLM is real in all of them; only the hardware query and
+the kernel library are stand-ins."""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -20,6 +25,9 @@ STOCK = {
 }
 PLUGIN = "vllm_rocm_asm_decode.backend.RocmAsmDecodeBackend"
 
+#: Imports vLLM once, then runs each case of ``CASES_JSON`` in a forked child that sets
+#: the case's environment first (and re-reads vLLM's AITER switches, which vLLM reads at
+#: import) and prints one ``RESULT <name> <json>`` line.
 PROBE = textwrap.dedent("""
     import json, logging, os, sys, tempfile
     from pathlib import Path
@@ -27,12 +35,11 @@ PROBE = textwrap.dedent("""
     import rocm_emulation
     arch = rocm_emulation.activate(gpu={gpu}, aiter={aiter})
     import pytest, torch
-    records = []
-    class H(logging.Handler):
-        def emit(self, r): records.append(r.getMessage())
-    logging.getLogger("vllm.rocm_asm_decode").addHandler(H())
-    logging.getLogger("vllm.rocm_asm_decode").setLevel(logging.INFO)
+    import harness
+    from vllm.platforms import current_platform
+    from vllm._aiter_ops import rocm_aiter_ops
     from vllm.v1.attention.backends.registry import AttentionBackendEnum as E
+
     def all_paths():
         out = {{}}
         for m in E:
@@ -41,67 +48,132 @@ PROBE = textwrap.dedent("""
             except ValueError:  # members with no class until one is registered
                 out[m.name] = None
         return out
-    stock = all_paths()
-    result = {{"error": None}}
-    try:
-        if {via_vllm}:
-            from vllm.plugins import load_general_plugins
-            load_general_plugins()
-        else:
-            from vllm_rocm_asm_decode.plugin import register
-            register()
-            after_once = all_paths()
-            register()
-            result["idempotent"] = after_once == all_paths()
-    except Exception as exc:
-        result["error"] = f"{{type(exc).__name__}}: {{exc}}"
-    paths = all_paths()
-    result["rocm_attn"] = paths["ROCM_ATTN"]
-    result["changed"] = sorted(k for k in paths if paths[k] != stock[k])
-    result["stock_aiter_fa"] = E.ROCM_AITER_FA.get_path()
-    result["log"] = records
-    if {run_decode} and result["error"] is None:
-        import harness
-        rocm_emulation.patch_compute_units(arch)
-        log = harness.install_kernel_standins(pytest.MonkeyPatch())
-        model = harness.build_model(Path(tempfile.mkdtemp()), num_layers=1)
-        batch = harness.make_batch(model, [40] * 32)
-        harness.fill_context(model, batch)
-        md = model.builder.build(0, batch.common)
-        harness.run_layer(model, model.names[0], batch, md)
-        result["backend"] = f"{{model.backend.__module__}}.{{model.backend.__name__}}"
-        result["asm_calls"] = len(harness.asm_calls())
-        result["hip_calls"] = log.hip_decode
-    print("RESULT " + json.dumps(result))
+
+    def run(case):
+        os.environ.update(case["env"])
+        rocm_aiter_ops.refresh_env_variables()
+        records = []
+        class H(logging.Handler):
+            def emit(self, r): records.append(r.getMessage())
+        logging.getLogger("vllm.rocm_asm_decode").addHandler(H())
+        logging.getLogger("vllm.rocm_asm_decode").setLevel(logging.INFO)
+        stock = all_paths()
+        result = {{"error": None}}
+        try:
+            if case["via_vllm"]:
+                from vllm.plugins import load_general_plugins
+                load_general_plugins()
+            else:
+                from vllm_rocm_asm_decode.plugin import register
+                register()
+                after_once = all_paths()
+                register()
+                result["idempotent"] = after_once == all_paths()
+        except Exception as exc:
+            result["error"] = f"{{type(exc).__name__}}: {{exc}}"
+        paths = all_paths()
+        result["rocm_attn"] = paths["ROCM_ATTN"]
+        result["changed"] = sorted(k for k in paths if paths[k] != stock[k])
+        result["stock_aiter_fa"] = E.ROCM_AITER_FA.get_path()
+        result["log"] = records
+        if case["run_decode"] and result["error"] is None:
+            rocm_emulation.patch_compute_units(arch)
+            log = harness.install_kernel_standins(pytest.MonkeyPatch())
+            model = harness.build_model(Path(tempfile.mkdtemp()), num_layers=1)
+            batch = harness.make_batch(model, [40] * 32)
+            harness.fill_context(model, batch)
+            md = model.builder.build(0, batch.common)
+            harness.run_layer(model, model.names[0], batch, md)
+            result["backend"] = f"{{model.backend.__module__}}.{{model.backend.__name__}}"
+            result["asm_calls"] = len(harness.asm_calls())
+            result["hip_calls"] = log.hip_decode
+        return result
+
+    for name, case in json.loads({cases!r}).items():
+        sys.stdout.flush()
+        pid = os.fork()
+        if pid == 0:
+            code = 0
+            try:
+                print("RESULT " + name + " " + json.dumps(run(case)), flush=True)
+            except BaseException:
+                import traceback
+                traceback.print_exc()
+                code = 1
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        os.waitpid(pid, 0)
 """)
 
+AITER_ON = {"VLLM_ROCM_USE_AITER": "1"}
+#: Every case: (environment, options). Cases with equal ``gpu``/``aiter`` share a process.
+CASES: dict[str, tuple[dict[str, str], dict[str, bool]]] = {
+    "registers": (AITER_ON, {"run_decode": True}),
+    "via-vllm": (AITER_ON, {"via_vllm": True}),
+    "allow-list": (AITER_ON | {"VLLM_PLUGINS": "lora_filesystem_resolver"}, {"via_vllm": True}),
+    "mha-off": (AITER_ON | {"VLLM_ROCM_USE_AITER_MHA": "0"}, {"run_decode": True}),
+    "plugin-switch-off": (AITER_ON | {"VLLM_ROCM_ASM_DECODE": "0"}, {"run_decode": True}),
+    "aiter-off": ({"VLLM_ROCM_USE_AITER": "0"}, {"run_decode": True}),
+    "aiter-missing": (AITER_ON, {"run_decode": True, "aiter": False}),
+    "not-rocm": (AITER_ON, {"gpu": False}),
+    "bad-cut": (AITER_ON | {"VLLM_ROCM_ASM_DECODE_CUT": "lots"}, {}),
+    "bad-switch": (AITER_ON | {"VLLM_ROCM_ASM_DECODE": "maybe"}, {}),
+    "bad-trust": (AITER_ON | {"VLLM_ROCM_ASM_DECODE_TRUST_AITER": "always"}, {}),
+}
 
-def probe(
-    env: dict[str, str],
-    *,
-    gpu: bool = True,
-    aiter: bool = True,
-    via_vllm: bool = False,
-    run_decode: bool = False,
-) -> dict:
-    script = PROBE.format(
-        tests=str(TESTS), gpu=gpu, aiter=aiter, via_vllm=via_vllm, run_decode=run_decode
-    )
-    full_env = {
+
+def _run_group(gpu: bool, aiter: bool, names: list[str]) -> subprocess.CompletedProcess[str]:
+    cases = {
+        name: {
+            "env": CASES[name][0],
+            "via_vllm": CASES[name][1].get("via_vllm", False),
+            "run_decode": CASES[name][1].get("run_decode", False),
+        }
+        for name in names
+    }
+    script = PROBE.format(tests=str(TESTS), gpu=gpu, aiter=aiter, cases=json.dumps(cases))
+    env = {
         k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "ASM_DECODE_TEST_NOOP"))
     }
-    full_env.update(env)
-    proc = subprocess.run(
+    return subprocess.run(
         [sys.executable, "-c", script],
-        env=full_env,
+        env=env,
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=900,
         cwd=str(TESTS),
     )
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, proc.stderr[-4000:]
-    return json.loads(lines[-1][len("RESULT ") :])
+
+
+@pytest.fixture(scope="module")
+def probes() -> dict[str, dict]:
+    """Every case's result (or the failing process's stderr), one process per import-time
+    environment, those processes in parallel."""
+    groups: dict[tuple[bool, bool], list[str]] = {}
+    for name, (_, options) in CASES.items():
+        key = (options.get("gpu", True), options.get("aiter", True))
+        groups.setdefault(key, []).append(name)
+    with ThreadPoolExecutor(max_workers=len(groups)) as pool:
+        done = [(names, pool.submit(_run_group, *key, names)) for key, names in groups.items()]
+    results: dict[str, dict] = {}
+    for names, future in done:
+        proc = future.result()
+        found = {}
+        for line in proc.stdout.splitlines():
+            if line.startswith("RESULT "):
+                name, payload = line[len("RESULT ") :].split(" ", 1)
+                found[name] = json.loads(payload)
+        for name in names:
+            results[name] = found.get(name, {"missing": proc.stderr[-4000:]})
+    return results
+
+
+def probe(probes, name: str) -> dict:
+    result = probes[name]
+    assert "missing" not in result, result.get("missing")
+    return result
 
 
 def test_entry_point_is_installed():
@@ -111,8 +183,8 @@ def test_entry_point_is_installed():
     assert points.get("rocm_asm_decode") == "vllm_rocm_asm_decode.plugin:register"
 
 
-def test_registers_on_rocm_with_aiter_and_changes_only_rocm_attn():
-    r = probe({"VLLM_ROCM_USE_AITER": "1"}, run_decode=True)
+def test_registers_on_rocm_with_aiter_and_changes_only_rocm_attn(probes):
+    r = probe(probes, "registers")
     assert r["error"] is None and r["rocm_attn"] == PLUGIN
     assert r["changed"] == ["ROCM_ATTN"]  # ROCM_AITER_FA, UNIFIED, SEGMENTED untouched
     assert r["stock_aiter_fa"] == STOCK["ROCM_AITER_FA"]
@@ -121,55 +193,48 @@ def test_registers_on_rocm_with_aiter_and_changes_only_rocm_attn():
     assert sum("plugin registered" in m for m in r["log"]) == 1
 
 
-def test_vllms_own_plugin_loader_runs_it():
-    r = probe({"VLLM_ROCM_USE_AITER": "1"}, via_vllm=True)
+def test_vllms_own_plugin_loader_runs_it(probes):
+    r = probe(probes, "via-vllm")
     assert r["error"] is None and r["rocm_attn"] == PLUGIN
 
 
-def test_vllm_plugins_allow_list_can_leave_it_out():
-    r = probe(
-        {"VLLM_ROCM_USE_AITER": "1", "VLLM_PLUGINS": "lora_filesystem_resolver"}, via_vllm=True
-    )
+def test_vllm_plugins_allow_list_can_leave_it_out(probes):
+    r = probe(probes, "allow-list")
     assert r["rocm_attn"] == STOCK["ROCM_ATTN"] and r["changed"] == []
 
 
 @pytest.mark.parametrize(
-    ("env", "kw", "reason"),
+    ("case", "reason"),
     [
-        (
-            {"VLLM_ROCM_USE_AITER": "1", "VLLM_ROCM_USE_AITER_MHA": "0"},
-            {},
-            "VLLM_ROCM_USE_AITER_MHA=0",
-        ),
-        ({"VLLM_ROCM_USE_AITER": "1", "VLLM_ROCM_ASM_DECODE": "0"}, {}, "VLLM_ROCM_ASM_DECODE=0"),
-        ({"VLLM_ROCM_USE_AITER": "0"}, {}, "AITER is off"),
-        ({"VLLM_ROCM_USE_AITER": "1"}, {"aiter": False}, "aiter package is not installed"),
+        ("mha-off", "VLLM_ROCM_USE_AITER_MHA=0"),
+        ("plugin-switch-off", "VLLM_ROCM_ASM_DECODE=0"),
+        ("aiter-off", "AITER is off"),
+        ("aiter-missing", "aiter package is not installed"),
     ],
-    ids=["mha-off", "plugin-switch-off", "aiter-off", "aiter-missing"],
 )
-def test_switches_keep_stock_rocm_attn_and_every_batch_on_hip(env, kw, reason):
-    r = probe(env, run_decode=True, **kw)
+def test_switches_keep_stock_rocm_attn_and_every_batch_on_hip(probes, case, reason):
+    r = probe(probes, case)
     assert r["error"] is None and r["changed"] == []
     assert r["backend"] == STOCK["ROCM_ATTN"]
     assert r["asm_calls"] == 0 and r["hip_calls"] == 1
     assert any(reason in m for m in r["log"]), r["log"]
 
 
-def test_not_rocm_registers_nothing():
-    r = probe({"VLLM_ROCM_USE_AITER": "1"}, gpu=False)
+def test_not_rocm_registers_nothing(probes):
+    r = probe(probes, "not-rocm")
     assert r["error"] is None and r["changed"] == []
     assert any("not ROCm" in m for m in r["log"]), r["log"]
 
 
 @pytest.mark.parametrize(
-    ("var", "value"),
+    ("case", "var", "value"),
     [
-        ("VLLM_ROCM_ASM_DECODE_CUT", "lots"),
-        ("VLLM_ROCM_ASM_DECODE", "maybe"),
-        ("VLLM_ROCM_ASM_DECODE_TRUST_AITER", "always"),
+        ("bad-cut", "VLLM_ROCM_ASM_DECODE_CUT", "lots"),
+        ("bad-switch", "VLLM_ROCM_ASM_DECODE", "maybe"),
+        ("bad-trust", "VLLM_ROCM_ASM_DECODE_TRUST_AITER", "always"),
     ],
 )
-def test_bad_setting_is_a_startup_error_naming_it(var, value):
-    r = probe({"VLLM_ROCM_USE_AITER": "1", var: value})
+def test_bad_setting_is_a_startup_error_naming_it(probes, case, var, value):
+    r = probe(probes, case)
     assert r["error"] is not None and var in r["error"] and repr(value) in r["error"]
     assert r["changed"] == []
