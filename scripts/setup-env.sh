@@ -6,9 +6,14 @@ if [ ! -x "$VENV/bin/python" ]; then
   echo "== creating $VENV" >&2
   "${PYTHON:-python3}" -m venv "$VENV"
 fi
-if ! "$VENV/bin/python" -c "import vllm_rocm_asm_decode, vllm, pytest, hypothesis" 2>/dev/null \
-   || [ "$("$VENV/bin/python" -c 'import vllm; print(vllm.__version__)' 2>/dev/null)" != "0.33.0" ] \
-   || [ pyproject.toml -nt "$VENV/.installed" ]; then
+# One quick check of the installed distributions (metadata only: importing vLLM takes
+# seconds, twice would take more).
+if ! "$VENV/bin/python" -c "
+import importlib.metadata as m
+assert m.version('vllm') == '0.33.0'
+for name in ('vllm-rocm-asm-decode', 'pytest', 'hypothesis', 'ruff'):
+    m.version(name)
+" 2>/dev/null || [ pyproject.toml -nt "$VENV/.installed" ]; then
   echo "== installing vllm==0.33.0 and this package into $VENV" >&2
   "$VENV/bin/python" -m pip install -q --upgrade pip >&2
   "$VENV/bin/python" -m pip install -q "vllm==0.33.0" -e ".[test]" >&2

@@ -20,8 +20,16 @@ ARCH = rocm_emulation.real_arch() if REAL_ROCM else rocm_emulation.activate()
 
 import pytest  # noqa: E402
 
+import background  # noqa: E402
+
 # The end-to-end suite needs the stand-ins; on real hardware tests/rocm covers that ground.
 collect_ignore = ["e2e"] if REAL_ROCM else []
+
+
+@pytest.hookimpl(trylast=True)  # after -k, -m and --deselect have dropped their items
+def pytest_collection_modifyitems(session, config, items):
+    """Start the subprocess checks of the selected tests (see ``background``)."""
+    background.start_for({Path(str(item.fspath)).resolve() for item in items})
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -29,6 +37,10 @@ def _rocm_platform():
     """Import vLLM once the environment is set, answer the CU query, register the plugin."""
     if not REAL_ROCM:
         rocm_emulation.patch_compute_units(ARCH)
+        import torch
+
+        # The CPU tests' tensors are small; the other core runs the background checks.
+        torch.set_num_threads(1)
     from vllm_rocm_asm_decode.plugin import register
 
     register()

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+import background
 from vllm_rocm_asm_decode.testbed import (  # noqa: F401 - the tests use them via harness
     MODEL_LAYER,
     Batch,
@@ -259,5 +260,6 @@ def run_console(*args: str) -> subprocess.CompletedProcess[str]:
     tests' stand-ins or settings), as a user on this CPU machine runs it."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "ASM_DECODE"))}
     env["HIP_VISIBLE_DEVICES"] = ""
+    env.update(background.ONE_THREAD)
     exe = os.path.join(os.path.dirname(sys.executable), "vllm-rocm-asm-decode")
     return subprocess.run([exe, *args], env=env, capture_output=True, text=True, timeout=600)

@@ -9,6 +9,7 @@ import shutil
 
 import pytest
 
+import background
 import harness
 from conftest import ARCH
 from rocm_emulation import COMPUTE_UNITS, KERNEL_STANDIN
@@ -26,9 +27,14 @@ def checks(report: dict) -> dict[str, dict]:
     return {c["name"]: c for c in report["checks"]}
 
 
+background.declare(
+    "doctor-plain", __file__, lambda: harness.run_console("doctor", "--json"), seconds=6
+)
+
+
 def test_plain_machine_without_rocm_or_aiter_reports_and_exits_2():
     """The installed command in a plain environment (no stand-ins): this CPU machine."""
-    proc = harness.run_console("doctor", "--json")
+    proc = background.result("doctor-plain")
     assert proc.returncode == 2, proc.stderr[-2000:]
     report = json.loads(proc.stdout)
     assert report["aiter_version"] is None and report["block_id_fix"] is None

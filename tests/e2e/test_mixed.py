@@ -5,10 +5,16 @@ that could freeze the split."""
 from __future__ import annotations
 
 import itertools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
+import background
 import harness
 from conftest import ARCH
 from op_audit import OpRecorder
@@ -290,22 +296,12 @@ print("RESULT " + json.dumps({{
 """
 
 
-def test_vllms_real_prefill_kernel_on_the_split_views_matches_the_stock_call():
-    """vLLM's Triton ``context_attention_fwd`` under Triton's interpreter (a fresh
-    process: the interpreter is chosen when the kernels are defined). The prefill rows of
-    the split step are bit-identical to the stock call's (which launches the kernel over
-    every request); the decode rows come from asm and match fp32. Under the interpreter
-    the fp8 prefill rows do not match the fp32 reference, stock and split alike, so they
-    are compared with each other, not with it."""
-    import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
+def _interpreted() -> subprocess.CompletedProcess[str]:
     tests = str(Path(__file__).resolve().parents[1])
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ASM_DECODE_TEST_NOOP")}
-    proc = subprocess.run(
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith("ASM_DECODE_TEST_NOOP")
+    } | background.ONE_THREAD
+    return subprocess.run(
         [sys.executable, "-c", INTERPRETED.format(tests=tests)],
         env=env,
         capture_output=True,
@@ -313,6 +309,19 @@ def test_vllms_real_prefill_kernel_on_the_split_views_matches_the_stock_call():
         timeout=600,
         cwd=tests,
     )
+
+
+background.declare("mixed-interpreted-prefill", __file__, _interpreted, seconds=25)
+
+
+def test_vllms_real_prefill_kernel_on_the_split_views_matches_the_stock_call():
+    """vLLM's Triton ``context_attention_fwd`` under Triton's interpreter (a fresh
+    process: the interpreter is chosen when the kernels are defined). The prefill rows of
+    the split step are bit-identical to the stock call's (which launches the kernel over
+    every request); the decode rows come from asm and match fp32. Under the interpreter
+    the fp8 prefill rows do not match the fp32 reference, stock and split alike, so they
+    are compared with each other, not with it."""
+    proc = background.result("mixed-interpreted-prefill")
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stderr[-3000:]
     result = json.loads(lines[-1][len("RESULT ") :])

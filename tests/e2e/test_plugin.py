@@ -13,10 +13,11 @@ import os
 import subprocess
 import sys
 import textwrap
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+
+import background
 
 TESTS = Path(__file__).resolve().parents[1]
 STOCK = {
@@ -136,7 +137,7 @@ def _run_group(gpu: bool, aiter: bool, names: list[str]) -> subprocess.Completed
     script = PROBE.format(tests=str(TESTS), gpu=gpu, aiter=aiter, cases=json.dumps(cases))
     env = {
         k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "ASM_DECODE_TEST_NOOP"))
-    }
+    } | background.ONE_THREAD
     return subprocess.run(
         [sys.executable, "-c", script],
         env=env,
@@ -147,19 +148,30 @@ def _run_group(gpu: bool, aiter: bool, names: list[str]) -> subprocess.Completed
     )
 
 
-@pytest.fixture(scope="module")
-def probes() -> dict[str, dict]:
-    """Every case's result (or the failing process's stderr), one process per import-time
-    environment, those processes in parallel."""
+def _groups() -> dict[tuple[bool, bool], list[str]]:
+    """The cases by import-time environment (ROCm stand-in?, AITER?)."""
     groups: dict[tuple[bool, bool], list[str]] = {}
     for name, (_, options) in CASES.items():
         key = (options.get("gpu", True), options.get("aiter", True))
         groups.setdefault(key, []).append(name)
-    with ThreadPoolExecutor(max_workers=len(groups)) as pool:
-        done = [(names, pool.submit(_run_group, *key, names)) for key, names in groups.items()]
+    return groups
+
+
+for _key, _names in _groups().items():  # each environment's process runs in the background
+    background.declare(
+        f"plugin-probes-{_key}",
+        __file__,
+        lambda key=_key, names=_names: _run_group(*key, names),
+        seconds=3 * len(_names) + 8,  # a vLLM import, then a few seconds a case
+    )
+
+
+@pytest.fixture(scope="module")
+def probes() -> dict[str, dict]:
+    """Every case's result (or the failing process's stderr)."""
     results: dict[str, dict] = {}
-    for names, future in done:
-        proc = future.result()
+    for key, names in _groups().items():
+        proc = background.result(f"plugin-probes-{key}")
         found = {}
         for line in proc.stdout.splitlines():
             if line.startswith("RESULT "):
