@@ -16,8 +16,8 @@ from vllm_rocm_asm_decode.kernel_table import (
 
 HEADER = "qType,kvType,Gqa,Mtp,Msk,Hp,blkSz,knl_name,co_name,ps,qTile,quant_type\n"
 STANDIN_HSA = Path(__file__).resolve().parents[1] / "standins" / "kernels" / "aiter" / "hsa"
-#: AITER's shipped tables, as copied into the steering repo's shared/ (present in CI).
-SHIPPED = Path(__file__).resolve().parents[3] / "shared" / "reference" / "aiter"
+#: AITER's shipped tables (tests/data/aiter-hsa/SOURCE.md says from which commit).
+SHIPPED = Path(__file__).resolve().parents[1] / "data" / "aiter-hsa"
 
 
 def table(*rows: str, arch: str = "gfx950") -> KernelTable:
@@ -77,11 +77,9 @@ def test_standin_tables_give_the_shipped_verdict(arch):
 
 @pytest.mark.parametrize("arch", ["gfx942", "gfx950"])
 def test_aiters_shipped_tables_have_uhp_kernels_for_gqa_up_to_8_only(arch):
-    path = SHIPPED / f"{arch}-pa_asm.csv"
-    if not path.exists():
-        pytest.skip(f"AITER's shipped table is not beside this checkout ({path})")
-    with path.open() as f:
-        t = KernelTable(arch=arch, rows=parse_table(f), source=str(path))
+    t, note = load_table(SHIPPED, arch)
+    assert note is None and len(t.rows) == {"gfx942": 55, "gfx950": 51}[arch]  # every row
+    assert t.missing_files == {row.co_name for row in t.rows}  # data only, no kernels
     for q in ("bf16", "fp16"):
         assert [g for g in range(1, 33) if uhp(t, g, q) is not None] == list(range(1, 9))
         assert uhp(t, 8, q, block_size=32) is None
