@@ -25,6 +25,7 @@ from vllm_rocm_asm_decode.testbed import (  # noqa: F401 - the tests use them vi
     Model,
     build_model,
     fill_context,
+    fp32_attention,
     load_checkpoint_scales,
     make_batch,
     make_vllm_config,
@@ -133,9 +134,9 @@ def hip_decode_reference(
             current_platform.fp8_dtype(),
             interleaved=use_interleaved_v_cache,
         )
-        q = query[row].float().view(num_kv_heads, -1, query.shape[-1])
-        probs = torch.softmax(torch.einsum("hgd,htd->hgt", q, k) * scale, dim=-1)
-        out[row] = torch.einsum("hgt,htd->hgd", probs, v).reshape(out.shape[1:]).to(out.dtype)
+        # _gather_kv gives [kv_heads, tokens, head]; fp32_attention takes [tokens, ...].
+        res = fp32_attention(query[row : row + 1], k.transpose(0, 1), v.transpose(0, 1), scale)
+        out[row] = res[0].to(out.dtype)
 
 
 def prefill_reference(
@@ -183,17 +184,9 @@ def prefill_reference(
             current_platform.fp8_dtype(),
             interleaved=interleaved_v_pack_factor > 0,
         )
-        nkv = kk.shape[0]
-        qq = q[starts[i] : starts[i + 1]].float()  # [qlen, H, D]
-        qq = qq.view(qlen, nkv, -1, qq.shape[-1]).permute(1, 2, 0, 3)  # [nkv, g, qlen, D]
-        scores = torch.einsum("hgqd,htd->hgqt", qq, kk) * sm_scale
-        pos = torch.arange(seq_len - qlen, seq_len)
-        mask = torch.arange(seq_len)[None, :] > pos[:, None]
-        scores = scores.masked_fill(mask, float("-inf"))
-        res = torch.einsum("hgqt,htd->hgqd", torch.softmax(scores, -1), vv)
-        o[starts[i] : starts[i + 1]] = (
-            res.permute(2, 0, 1, 3).reshape(qlen, *o.shape[1:]).to(o.dtype)
-        )
+        qq = q[starts[i] : starts[i + 1]]
+        res = fp32_attention(qq, kk.transpose(0, 1), vv.transpose(0, 1), sm_scale)
+        o[starts[i] : starts[i + 1]] = res.to(o.dtype)
 
 
 def cache_writer(

@@ -359,30 +359,42 @@ def run_layer(model: Model, name: str, batch: Batch, metadata) -> torch.Tensor:
     return out.view(batch.num_tokens, model.num_heads, model.head_size)
 
 
+def fp32_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """The reference every check compares with: fp32 causal attention of one request's
+    last ``len(q)`` tokens over its whole context.
+
+    ``q`` ``[q_len, heads, head]``; ``k``, ``v`` ``[context, kv_heads, head]`` (query heads
+    grouped over KV heads in order). Query row ``i`` sits at position
+    ``context - q_len + i`` and sees the keys up to it. Returns ``[q_len, heads, head]``.
+    """
+    q_len, context = q.shape[0], k.shape[0]
+    group = q.shape[1] // k.shape[1]
+    kk = k.float().repeat_interleave(group, dim=1)
+    vv = v.float().repeat_interleave(group, dim=1)
+    scores = torch.einsum("qhd,thd->hqt", q.float(), kk) * scale
+    position = torch.arange(context - q_len, context)
+    future = torch.arange(context)[None, :] > position[:, None]
+    probs = torch.softmax(scores.masked_fill(future, -math.inf), dim=-1)
+    return torch.einsum("hqt,thd->qhd", probs, vv)
+
+
 def reference(model: Model, batch: Batch, layer, fp8: bool = True) -> torch.Tensor:
-    """fp32 causal attention from the original K/V, rounded through the fp8 cache format
-    (so the only differences left are bf16 query/output rounding). Padding rows: zeros."""
+    """:func:`fp32_attention` of every request from the original K/V, rounded through the
+    fp8 cache format (so the only differences left are bf16 query/output rounding).
+    Padding rows: zeros."""
     from vllm.platforms import current_platform
 
     out = torch.zeros(batch.num_tokens, model.num_heads, model.head_size)
     query = batch.query.cpu()
-    scale = layer.impl.scale
     ks, vs = layer._k_scale_float, layer._v_scale_float
     fp8_dtype = current_platform.fp8_dtype()
     row = 0
     for i, (k, v) in enumerate(batch.contexts):
-        seq_len, qlen = batch.seq_lens[i], batch.query_lens[i]
+        qlen = batch.query_lens[i]
         if fp8:
             k = (k.to(batch.key.dtype).float() / ks).to(fp8_dtype).float() * ks
             v = (v.to(batch.key.dtype).float() / vs).to(fp8_dtype).float() * vs
-        q = query[row : row + qlen].float()
-        g = model.num_heads // model.num_kv_heads
-        kk = k.repeat_interleave(g, dim=1)  # [L, H, D]
-        vv = v.repeat_interleave(g, dim=1)
-        scores = torch.einsum("qhd,thd->hqt", q, kk) * scale
-        pos = torch.arange(seq_len - qlen, seq_len)
-        scores = scores.masked_fill(torch.arange(seq_len)[None, :] > pos[:, None], -math.inf)
-        out[row : row + qlen] = torch.einsum("hqt,thd->qhd", torch.softmax(scores, -1), vv)
+        out[row : row + qlen] = fp32_attention(query[row : row + qlen], k, v, layer.impl.scale)
         row += qlen
     return out
 

@@ -11,6 +11,7 @@ import torch
 
 from vllm_rocm_asm_decode.contract_model import LauncherError, PagedAttentionAsmModel
 from vllm_rocm_asm_decode.kernel_table import load_table
+from vllm_rocm_asm_decode.testbed import fp32_attention
 
 HSA = Path(__file__).resolve().parents[1] / "standins" / "kernels" / "aiter" / "hsa"
 FP8 = torch.float8_e4m3fn
@@ -51,10 +52,7 @@ def aiter_cache(seqs, num_blocks, kvh, scale_k, scale_v, gen):
 def reference(q, values, sm_scale):
     out = torch.zeros(q.shape, dtype=torch.float32)
     for i, (k, v) in enumerate(values):
-        g = q.shape[1] // k.shape[1]
-        kk, vv = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
-        p = torch.softmax(torch.einsum("hd,thd->ht", q[i].float(), kk) * sm_scale, -1)
-        out[i] = torch.einsum("ht,thd->hd", p, vv)
+        out[i] = fp32_attention(q[i : i + 1], k, v, sm_scale)[0]
     return out
 
 

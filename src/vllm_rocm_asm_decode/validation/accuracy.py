@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from ..testbed import store_fp8_tokens
+from ..testbed import fp32_attention, store_fp8_tokens
 from .gpu import rocm_gpu_problem
 
 PROG = "vllm-rocm-asm-decode check accuracy"
@@ -101,13 +101,9 @@ def build_case(
         store_fp8_tokens(
             key_cache, value_cache, table[i, pos // BLOCK].long() * BLOCK + pos % BLOCK, k, v
         )
-        g = heads // kv_heads
-        kk = (k.float() * K_SCALE).repeat_interleave(g, 1)
-        vv = (v.float() * V_SCALE).repeat_interleave(g, 1)
-        probs = torch.softmax(
-            torch.einsum("hd,thd->ht", query[i].float(), kk) / math.sqrt(HEAD_SIZE), -1
-        )
-        reference[i] = torch.einsum("ht,thd->hd", probs, vv)
+        reference[i] = fp32_attention(
+            query[i : i + 1], k.float() * K_SCALE, v.float() * V_SCALE, 1 / math.sqrt(HEAD_SIZE)
+        )[0]
     return Case(
         query.to(device),
         key_cache.to(device),
