@@ -25,7 +25,6 @@ def test_platform_is_the_stand_in_arch():
 def test_cut_follows_the_compute_units(tmp_path, kernels, plugin_log):
     model = harness.build_model(tmp_path, num_layers=1, num_heads=32, num_kv_heads=8)
     n = CUT // 32  # exactly at the cut: stays on HIP; one more sequence crosses it
-    _, at = harness.make_batch(model, [20] * n), None
     at = model.builder.build(0, harness.make_batch(model, [20] * n).common)
     above = model.builder.build(0, harness.make_batch(model, [20] * (n + 1)).common)
     assert model.builder.asm_cut == CUT

@@ -146,8 +146,14 @@ def test_output_quant_fp8_query_and_strided_output_calls_stay_on_stock(
     strided_out = torch.empty(out.shape[0], out.shape[1], 2 * out.shape[2])[..., : out.shape[2]]
     layer.impl.forward(*args[:6], strided_out)  # the kernel writes out_ densely: stock
     assert harness.asm_calls() == [] and len(stock_calls) == 4
+    # Heads not dense in the query (the kernel gets Q's row stride only): stock.
+    spread_q = torch.empty(*batch.query.shape[:2], 2 * batch.query.shape[2], dtype=torch.bfloat16)
+    spread_q = spread_q[..., : batch.query.shape[2]].copy_(batch.query)
+    assert spread_q.stride(-1) == 1 and spread_q.stride(-2) != spread_q.shape[-1]
+    layer.impl.forward(layer, spread_q, *args[2:])
+    assert harness.asm_calls() == [] and len(stock_calls) == 5
     layer.impl.forward(*args)  # the same call without any of them runs asm
-    assert len(harness.asm_calls()) == 1 and len(stock_calls) == 4
+    assert len(harness.asm_calls()) == 1 and len(stock_calls) == 5
 
 
 def test_scale_reload_is_decided_again_at_the_next_build(tmp_path, kernels):

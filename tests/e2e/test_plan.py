@@ -54,11 +54,27 @@ def test_batches_cover_vllms_capture_sizes_up_to_512():
     assert sizes[:4] == [1, 2, 4, 8] and sizes[-1] == 512 and 256 in sizes and 264 not in sizes
 
 
-def test_scale_tables_are_a_small_share_of_the_kv_cache():
-    plan = make_plan()
-    # One 4-byte scale per (block, KV head, slot) shared by K and V at scale 1.0, against
-    # 40 layers x 2 x 128 one-byte values: 4 / 10240.
-    assert plan.scale_table_fraction == pytest.approx(4 / (40 * 2 * 128))
+def test_scale_table_share_is_what_the_backend_allocates(tmp_path, monkeypatch):
+    """plan's figures against the bytes the real backend allocates for a model of the
+    same shape (40 layers, 40/8 heads), for equal and for per-layer checkpoint scales."""
+    from vllm_rocm_asm_decode import scale_tables
+
+    for scales, label in (([(1.0, 1.0)] * 40, "none"), (None, "per-layer")):
+        monkeypatch.setattr(scale_tables.shared_scale_tables(), "tables", {})
+        per_layer = [(0.5 + i / 128, 0.25 + i / 128) for i in range(40)]
+        model = harness.build_model(
+            tmp_path / label, num_layers=40, num_blocks=40, scales=scales or per_layer
+        )
+        model.builder.build(0, harness.make_batch(model, [20] * 16).common)
+        tables = scale_tables.shared_scale_tables().tables.values()
+        allocated = sum(t.numel() * t.element_size() for t in tables)
+        kv = sum(layer.kv_cache.numel() for layer in model.layers.values())  # fp8: 1 byte
+        if scales:
+            plan = make_plan(gpu="mi355x")  # the qwen3-14b preset: 40 layers, 40/8 heads
+        else:
+            plan = make_plan(model=write_checkpoint(tmp_path / "ckpt", per_layer, layers=40))
+        assert plan.scale_tables == len(tables), label
+        assert plan.scale_table_fraction == pytest.approx(allocated / kv), label
 
 
 @pytest.mark.parametrize(
