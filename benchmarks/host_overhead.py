@@ -95,7 +95,7 @@ def install_noop_kernels() -> None:
     import aiter
     from vllm import _custom_ops
 
-    from vllm_rocm_asm_decode.contract_model import PagedAttentionAsmModel
+    from vllm_rocm_asm_decode.tools.contract_model import PagedAttentionAsmModel
 
     signature = inspect.signature(PagedAttentionAsmModel.__call__)
     noop_pa_fwd_asm.__signature__ = signature.replace(  # type: ignore[attr-defined]

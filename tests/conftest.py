@@ -109,6 +109,6 @@ def aiter_version(monkeypatch):
 def short_contexts(monkeypatch):
     """The self-test's accuracy probe on contexts up to 255 tokens: the CPU reference and
     contract model stay quick; the GPU runs the full list."""
-    from vllm_rocm_asm_decode.validation import selftest
+    from vllm_rocm_asm_decode.tools.validation import selftest
 
     monkeypatch.setattr(selftest, "ACCURACY_CONTEXTS", (1, 15, 16, 17, 255))

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 import background
-from vllm_rocm_asm_decode.testbed import (  # noqa: F401 - the tests use them via harness
+from vllm_rocm_asm_decode.tools.testbed import (  # noqa: F401 - the tests use them via harness
     MODEL_LAYER,
     Batch,
     Model,

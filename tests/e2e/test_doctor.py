@@ -13,8 +13,8 @@ import background
 import harness
 from conftest import ARCH
 from rocm_emulation import COMPUTE_UNITS, KERNEL_STANDIN
-from vllm_rocm_asm_decode import doctor
-from vllm_rocm_asm_decode.cli import main
+from vllm_rocm_asm_decode.tools import doctor
+from vllm_rocm_asm_decode.tools.cli import main
 
 
 def doctor_json(capsys) -> tuple[int, dict]:
@@ -119,7 +119,7 @@ def test_bad_setting_is_a_failed_check_not_a_crash(aiter_version, monkeypatch, c
 def gpu_here(monkeypatch, kernels, short_contexts):
     """Let the self-test run on the CPU (the probes go through the backend to the
     contract model); its small block-id pool keeps the test light."""
-    from vllm_rocm_asm_decode.validation import gpu
+    from vllm_rocm_asm_decode.tools.validation import gpu
 
     monkeypatch.setattr(gpu, "rocm_gpu_problem", lambda: None)
     monkeypatch.setenv("VLLM_ROCM_ASM_DECODE_CUT", "")  # the self-test clears it; restore

@@ -342,7 +342,7 @@ def test_the_startup_line_says_whether_mixed_steps_split(tmp_path, kernels, plug
 
 
 def test_plan_says_from_how_many_decodes_a_mixed_step_splits():
-    from vllm_rocm_asm_decode.plan import make_plan
+    from vllm_rocm_asm_decode.tools.plan import make_plan
 
     plan = make_plan(model="qwen3-14b-fp8", gpu="mi355x")
     assert plan.mixed_asm_from_decodes == 13  # 13 x 40 = 520 > 512; 12 x 40 = 480 is not

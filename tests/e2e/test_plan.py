@@ -10,8 +10,8 @@ import torch
 import background
 import harness
 from conftest import ARCH
-from vllm_rocm_asm_decode.cli import main
-from vllm_rocm_asm_decode.plan import make_plan
+from vllm_rocm_asm_decode.tools.cli import main
+from vllm_rocm_asm_decode.tools.plan import make_plan
 
 SESSION_GPU = {"gfx950": "mi355x", "gfx942": "mi300x"}[ARCH]
 

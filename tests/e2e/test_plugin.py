@@ -36,7 +36,6 @@ PROBE = textwrap.dedent("""
     import rocm_emulation
     arch = rocm_emulation.activate(gpu={gpu}, aiter={aiter})
     import pytest, torch
-    import harness
     from vllm.platforms import current_platform
     from vllm._aiter_ops import rocm_aiter_ops
     from vllm.v1.attention.backends.registry import AttentionBackendEnum as E
@@ -73,11 +72,18 @@ PROBE = textwrap.dedent("""
         except Exception as exc:
             result["error"] = f"{{type(exc).__name__}}: {{exc}}"
         paths = all_paths()
+        if case["via_vllm"] and result["error"] is None:
+            E.ROCM_ATTN.get_class()  # vLLM resolving the backend imports its module
+        # Before the tests' own helpers come in: what vLLM loading the plugin imported.
+        result["tool_modules"] = sorted(
+            m for m in sys.modules if m.startswith("vllm_rocm_asm_decode.tools")
+        )
         result["rocm_attn"] = paths["ROCM_ATTN"]
         result["changed"] = sorted(k for k in paths if paths[k] != stock[k])
         result["stock_aiter_fa"] = E.ROCM_AITER_FA.get_path()
         result["log"] = records
         if case["run_decode"] and result["error"] is None:
+            import harness
             rocm_emulation.patch_compute_units(arch)
             log = harness.install_kernel_standins(pytest.MonkeyPatch())
             model = harness.build_model(Path(tempfile.mkdtemp()), num_layers=1)
@@ -205,9 +211,10 @@ def test_registers_on_rocm_with_aiter_and_changes_only_rocm_attn(probes):
     assert sum("plugin registered" in m for m in r["log"]) == 1
 
 
-def test_vllms_own_plugin_loader_runs_it(probes):
+def test_vllms_own_plugin_loader_runs_it_and_loads_no_tool(probes):
     r = probe(probes, "via-vllm")
     assert r["error"] is None and r["rocm_attn"] == PLUGIN
+    assert r["tool_modules"] == []  # the runtime never imports vllm_rocm_asm_decode.tools
 
 
 def test_vllm_plugins_allow_list_can_leave_it_out(probes):

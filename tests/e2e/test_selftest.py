@@ -9,7 +9,7 @@ import os
 import pytest
 import torch
 
-from vllm_rocm_asm_decode.validation import selftest
+from vllm_rocm_asm_decode.tools.validation import selftest
 
 SMALL_POOL = dict(heads=(8, 1), pool_blocks=70000)  # GQA 8, one KV head: ~0.3 GB
 

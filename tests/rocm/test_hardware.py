@@ -70,8 +70,8 @@ def test_asm_through_the_backend_matches_reference_and_contract_model(
     tmp_path, heads, kvh, seed, dtype
 ):
     """bf16 and fp16 queries at high_precision=2 (AITER's own tests run Hp=2 for bf16 only)."""
-    from vllm_rocm_asm_decode.contract_model import PagedAttentionAsmModel
     from vllm_rocm_asm_decode.kernel import current_arch, load_asm_kernel
+    from vllm_rocm_asm_decode.tools.contract_model import PagedAttentionAsmModel
 
     # Above the cut: enough sequences for 2 x CUs query heads, contexts sampled 1..4000.
     num_seqs = max(64, 2 * 304 // heads + 1)
@@ -184,7 +184,7 @@ def test_block_ids_above_65536_through_the_backend(tmp_path, monkeypatch):
     blocks on the HIP decode, with the right answer."""
     from vllm_rocm_asm_decode.aiter_version import AiterBuild
     from vllm_rocm_asm_decode.kernel import load_asm_kernel
-    from vllm_rocm_asm_decode.validation import selftest
+    from vllm_rocm_asm_decode.tools.validation import selftest
 
     check = selftest.block_id_probe("cuda")
     aiter = AiterBuild.installed()
@@ -207,7 +207,7 @@ def test_block_ids_above_65536_through_the_backend(tmp_path, monkeypatch):
 
 
 def test_padding_rows_stay_finite_after_the_asm_call():
-    from vllm_rocm_asm_decode.validation import selftest
+    from vllm_rocm_asm_decode.tools.validation import selftest
 
     check = selftest.padding_probe("cuda")
     assert check.ok, check.detail
@@ -215,7 +215,7 @@ def test_padding_rows_stay_finite_after_the_asm_call():
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 def test_selftest_accuracy_probe(dtype):
-    from vllm_rocm_asm_decode.validation import selftest
+    from vllm_rocm_asm_decode.tools.validation import selftest
 
     check = selftest.accuracy_probe("cuda", dtype)
     assert check.ok, check.detail
@@ -225,7 +225,7 @@ def test_selftest_accuracy_probe(dtype):
 def test_mixed_step_splits_decodes_to_asm_and_prefills_to_the_prefill_kernel(tmp_path, heads, kvh):
     """A mixed step above the cut: the leading decodes through the real asm kernel, the
     prefill chunks through vLLM's Triton prefill kernel on the split's views."""
-    from vllm_rocm_asm_decode.validation import selftest
+    from vllm_rocm_asm_decode.tools.validation import selftest
 
     nd = max(selftest.sequences_above_cut(heads), 16)
     seq_lens = [CONTEXTS[i % len(CONTEXTS)] for i in range(nd)] + [600, 130]

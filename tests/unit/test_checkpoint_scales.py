@@ -14,7 +14,7 @@ import safetensors
 import torch
 from safetensors.torch import save_file
 
-from vllm_rocm_asm_decode.checkpoint_scales import (
+from vllm_rocm_asm_decode.tools.checkpoint_scales import (
     CheckpointError,
     KvScales,
     checkpoint_format,

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from vllm_rocm_asm_decode.contract_model import LauncherError, PagedAttentionAsmModel
 from vllm_rocm_asm_decode.kernel_table import load_table
-from vllm_rocm_asm_decode.testbed import fp32_attention
+from vllm_rocm_asm_decode.tools.contract_model import LauncherError, PagedAttentionAsmModel
+from vllm_rocm_asm_decode.tools.testbed import fp32_attention
 
 HSA = Path(__file__).resolve().parents[1] / "standins" / "kernels" / "aiter" / "hsa"
 FP8 = torch.float8_e4m3fn

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_rocm_asm_decode.validation import serve_bench as sb
+from vllm_rocm_asm_decode.tools.validation import serve_bench as sb
 
 FAKE_VLLM = str(Path(__file__).resolve().parents[1] / "standins" / "bin" / "vllm")
 
@@ -322,7 +322,7 @@ def test_ctrl_c_stops_the_server_and_keeps_results(tmp_path, monkeypatch):
 
 
 def test_cli_exit_codes_and_json(tmp_path, monkeypatch, capsys):
-    from vllm_rocm_asm_decode.cli import main
+    from vllm_rocm_asm_decode.tools.cli import main
 
     port = free_port()
     args = [
@@ -361,7 +361,7 @@ def test_cli_exit_codes_and_json(tmp_path, monkeypatch, capsys):
 
 
 def test_serve_plot(tmp_path):
-    from vllm_rocm_asm_decode.validation.plots import plot_serve
+    from vllm_rocm_asm_decode.tools.validation.plots import plot_serve
 
     results = [run("plugin-off", 64, 4850, 15.5), run("asm-decode", 64, 5105, 16.5)]
     plot_serve(sb.summarize(results, "plugin-off"), "plugin-off", "m", str(tmp_path / "s.png"))

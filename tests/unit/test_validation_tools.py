@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from conftest import REAL_ROCM
-from vllm_rocm_asm_decode.cli import main
-from vllm_rocm_asm_decode.validation import accuracy as acc
-from vllm_rocm_asm_decode.validation import kernel_bench as kb
+from vllm_rocm_asm_decode.tools.cli import main
+from vllm_rocm_asm_decode.tools.validation import accuracy as acc
+from vllm_rocm_asm_decode.tools.validation import kernel_bench as kb
 
 
 def test_default_grid_is_the_seeds():
@@ -67,7 +67,7 @@ def test_bench_kernel_without_an_amd_gpu_exits_2_in_one_line(command, capsys):
 
 
 def test_kernel_plot(tmp_path):
-    from vllm_rocm_asm_decode.validation.plots import plot_kernel
+    from vllm_rocm_asm_decode.tools.validation.plots import plot_kernel
 
     plot_kernel(timings({16: (26.7, 22.5), 64: (130.1, 95.1)}), 512, str(tmp_path / "k.png"))
     assert (tmp_path / "k.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -91,8 +91,8 @@ def test_accuracy_contract_mode_passes_and_says_what_it_checks(tmp_path, capsys)
 
 def test_accuracy_catches_a_layout_mistake():
     """V handed over without the shuffled view's dense pages (V read as K) is caught."""
-    from vllm_rocm_asm_decode.contract_model import PagedAttentionAsmModel
     from vllm_rocm_asm_decode.kernel_table import fallback_table
+    from vllm_rocm_asm_decode.tools.contract_model import PagedAttentionAsmModel
 
     model = PagedAttentionAsmModel(fallback_table("gfx950"))
     fp8 = torch.float8_e4m3fn
@@ -121,7 +121,7 @@ def test_accuracy_catches_a_layout_mistake():
 def test_passkey_prompts_hide_the_key_and_scoring_finds_it():
     import random
 
-    from vllm_rocm_asm_decode.validation import passkey
+    from vllm_rocm_asm_decode.tools.validation import passkey
 
     rng = random.Random(0)
     p = passkey.make_prompt(8000, rng)

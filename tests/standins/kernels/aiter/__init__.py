@@ -1,7 +1,7 @@
 """Stand-in for AMD's ``aiter`` kernel library, for tests on machines without an AMD GPU.
 
 Only what the plugin touches: ``pa_fwd_asm`` is the project's contract model of the asm
-kernel (:mod:`vllm_rocm_asm_decode.contract_model`), with its signature, for the
+kernel (:mod:`vllm_rocm_asm_decode.tools.contract_model`), with its signature, for the
 architecture the ``amdsmi`` stand-in reports, reading this package's
 ``hsa/<gfx>/pa/pa_asm.csv`` (test tables with the columns of AITER's, not AITER's own;
 the ``.co`` files beside them are empty placeholders, present as installed kernels are).
@@ -22,8 +22,8 @@ from typing import Any
 
 import torch
 
-from vllm_rocm_asm_decode.contract_model import PagedAttentionAsmModel
 from vllm_rocm_asm_decode.kernel_table import load_table
+from vllm_rocm_asm_decode.tools.contract_model import PagedAttentionAsmModel
 
 from .jit import core as _core
 

@@ -22,9 +22,9 @@ from importlib import metadata
 from importlib.util import find_spec
 from typing import Any
 
-from . import settings
-from .aiter_version import BLOCK_ID_LIMIT, FIRST_FIXED, AiterBuild, describe, installed_version
-from .kernel_table import ULTRA_PRECISION, KernelTable
+from .. import settings
+from ..aiter_version import BLOCK_ID_LIMIT, FIRST_FIXED, AiterBuild, describe, installed_version
+from ..kernel_table import ULTRA_PRECISION, KernelTable
 from .validation.selftest import Check
 
 ENTRY_POINT = "rocm_asm_decode"
@@ -179,7 +179,7 @@ def kernel_rows(table: KernelTable) -> list[dict[str, Any]]:
 
 def environment() -> Report:
     """The environment part: everything but the GPU self-test."""
-    from .plugin import inactive_reason
+    from ..plugin import inactive_reason
     from .validation.gpu import rocm_gpu_problem
 
     checks: list[Check] = []
@@ -230,7 +230,7 @@ def environment() -> Report:
     if current_platform.is_rocm():
         from vllm.utils.platform_utils import num_compute_units
 
-        from .kernel import current_arch
+        from ..kernel import current_arch
 
         arch = current_arch()
         try:
@@ -264,7 +264,7 @@ def environment() -> Report:
     if not report.aiter_installed:
         checks.append(Check("aiter", False, "the aiter package is not installed"))
         return report
-    from .kernel import asm_dir, load_asm_kernel
+    from ..kernel import asm_dir, load_asm_kernel
 
     report.asm_dir = asm_dir()
     try:
@@ -367,7 +367,7 @@ def self_test(
     from vllm._aiter_ops import rocm_aiter_ops
     from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
 
-    from .plugin import BACKEND_PATH
+    from ..plugin import BACKEND_PATH
     from .validation import selftest
 
     # The probes test the kernel on this GPU whatever the switches say (reported above),

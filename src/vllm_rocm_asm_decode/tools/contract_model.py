@@ -34,7 +34,7 @@ import math
 
 import torch
 
-from .kernel_table import KernelTable, dtype_name
+from ..kernel_table import KernelTable, dtype_name
 
 
 class LauncherError(RuntimeError):

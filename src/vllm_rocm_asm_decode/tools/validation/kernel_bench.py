@@ -174,8 +174,8 @@ def main(args: argparse.Namespace) -> int:
         return 2
     from vllm.utils.platform_utils import num_compute_units
 
-    from ..decision import resolve_cut
-    from ..plugin import register
+    from ...decision import resolve_cut
+    from ...plugin import register
 
     register()
     if args.sweep:

@@ -313,8 +313,8 @@ DTYPES = ("bfloat16", "float16", "float32", "auto")
 
 
 def _plan(args: argparse.Namespace) -> int:
+    from ..settings import SettingError
     from .plan import PlanError, make_plan, parse_aiter_version, render
-    from .settings import SettingError
 
     try:
         if args.kv_cache_dtype not in KV_CACHE_DTYPES:

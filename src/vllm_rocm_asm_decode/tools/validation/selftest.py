@@ -26,9 +26,9 @@ from pathlib import Path
 
 import torch
 
+from ...aiter_version import BLOCK_ID_LIMIT, OFFSET_LIMIT, safe_blocks
+from ...settings import TRUST_ENV
 from .. import testbed
-from ..aiter_version import BLOCK_ID_LIMIT, OFFSET_LIMIT, safe_blocks
-from ..settings import TRUST_ENV
 from .accuracy import MAX_TOL, MEAN_TOL
 
 #: Context lengths of the accuracy probe (those of ``check accuracy``).
@@ -46,7 +46,7 @@ def sequences_above_cut(heads: int) -> int:
     """Sequences just above the cut for ``heads`` query heads per sequence."""
     from vllm.utils.platform_utils import num_compute_units
 
-    from ..decision import resolve_cut
+    from ...decision import resolve_cut
 
     return resolve_cut(num_compute_units()) // heads + 1
 
@@ -70,7 +70,7 @@ def _forward(model: testbed.Model, batch: testbed.Batch, out: torch.Tensor):
 
 
 def _not_asm(model: testbed.Model) -> str:
-    from ..kernel import current_arch, load_asm_kernel
+    from ...kernel import current_arch, load_asm_kernel
 
     impl = model.layers[model.names[0]].impl
     _, unavailable = load_asm_kernel(current_arch())
@@ -103,7 +103,7 @@ def _one_layer(
 @contextlib.contextmanager
 def _trusting_aiter() -> Iterator[None]:
     """Let a pool past 65536 blocks reach the kernel, to see what the kernel does there."""
-    from ..kernel import load_asm_kernel
+    from ...kernel import load_asm_kernel
 
     old = os.environ.get(TRUST_ENV)
     os.environ[TRUST_ENV] = "1"

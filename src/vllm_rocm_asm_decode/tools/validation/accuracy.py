@@ -234,8 +234,8 @@ def main(args: argparse.Namespace) -> int:
         checked = SHIPPED
         print(f"{PROG}: real kernels on the GPU")
     else:
+        from ...kernel_table import fallback_table
         from ..contract_model import PagedAttentionAsmModel
-        from ..kernel_table import fallback_table
 
         fp8, device = torch.float8_e4m3fn, "cpu"
         grid = SMALL_GRID

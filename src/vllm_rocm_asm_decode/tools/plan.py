@@ -13,11 +13,11 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from . import settings
-from .aiter_version import FIRST_FIXED, AiterBuild, describe, installed_version, safe_blocks
-from .decision import default_cut, describe_cut, resolve_cut, step_uses_asm
-from .eligibility import VALIDATED_CONTEXT, LayerFacts, rejection_reasons
-from .kernel_table import KernelTable, fallback_table
+from .. import settings
+from ..aiter_version import FIRST_FIXED, AiterBuild, describe, installed_version, safe_blocks
+from ..decision import default_cut, describe_cut, resolve_cut, step_uses_asm
+from ..eligibility import VALIDATED_CONTEXT, LayerFacts, rejection_reasons
+from ..kernel_table import KernelTable, fallback_table
 
 PRESETS_DIR = Path(__file__).resolve().parent / "presets"
 DEFAULT_PRESET = "qwen3-14b-fp8"
@@ -141,7 +141,7 @@ def resolve_gpu(name: str | None) -> Gpu:
     from vllm.platforms import current_platform
 
     if current_platform.is_rocm():
-        from .kernel import current_arch
+        from ..kernel import current_arch
 
         arch = current_arch()
         return Gpu(f"live {arch}", arch, current_platform.num_compute_units())
@@ -153,7 +153,7 @@ def kernel_table_for(arch: str) -> KernelTable:
     from importlib.util import find_spec
 
     if find_spec("aiter") is not None:
-        from .kernel import load_asm_kernel
+        from ..kernel import load_asm_kernel
 
         kernel, _ = load_asm_kernel(arch)
         if kernel is not None:
@@ -258,7 +258,7 @@ def table_count(
     """Distinct tables the backend's shared store holds for the eligible layers (one per
     distinct K or V scale), and their bytes per KV cache block: the backend's own
     counting (:func:`~.scale_tables.fit_tables`) over one-block keys."""
-    from .scale_tables import fit_tables, table_key
+    from ..scale_tables import fit_tables, table_key
 
     requests = [
         tuple(table_key("plan", 1, f.num_kv_heads, f.block_size, scale) for scale in pair)
