@@ -20,15 +20,20 @@ BACKEND_PATH = "vllm_rocm_asm_decode.backend.RocmAsmDecodeBackend"
 def inactive_reason() -> str | None:
     """Why the override must not be registered in this process; None when it should be.
 
-    Raises :class:`~vllm_rocm_asm_decode.settings.SettingError` on a bad setting.
+    Raises :class:`~vllm_rocm_asm_decode.settings.SettingError` on a bad setting on ROCm,
+    even where the plugin is switched off (a typo must not silently change which kernel
+    serves traffic). Where the plugin can never act (not ROCm) a bad setting stops
+    nothing: it is reported once and the plugin stays inactive.
     """
-    settings.check_all()  # a bad value is a startup error even where the plugin is off
-    if not settings.asm_decode_switch():
-        return f"{settings.SWITCH_ENV}=0"
     from vllm.platforms import current_platform
 
     if not current_platform.is_rocm():
+        for problem in settings.problems():
+            logger.warning_once("ROCM_ATTN asm decode plugin: %s (ignored: not ROCm)", problem)
         return "not ROCm"
+    settings.check_all()
+    if not settings.asm_decode_switch():
+        return f"{settings.SWITCH_ENV}=0"
     if find_spec("aiter") is None:
         return "the aiter package is not installed"
     from vllm._aiter_ops import rocm_aiter_ops

@@ -57,11 +57,22 @@ def trust_aiter() -> bool:
     )
 
 
+def problems() -> list[str]:
+    """Every setting that does not parse, as its error message."""
+    found = []
+    for parse in (asm_decode_switch, cut_override, trust_aiter):
+        try:
+            parse()
+        except SettingError as exc:
+            found.append(str(exc))
+    return found
+
+
 def check_all() -> None:
-    """Parse every setting; raises :class:`SettingError` on the first bad one."""
-    asm_decode_switch()
-    cut_override()
-    trust_aiter()
+    """Parse every setting; raises :class:`SettingError` naming every bad one."""
+    found = problems()
+    if found:
+        raise SettingError("; ".join(found))
 
 
 def cut_override() -> int | None:

@@ -164,9 +164,9 @@ def test_plan_equals_the_backends_own_decision(tmp_path, model, heads, kvh):
         (["--model", "no-such-preset"], "unknown model preset"),
         (["--gpu", "h100"], "unknown GPU 'h100'"),
         (["--tensor-parallel-size", "3"], "does not divide the 40 attention heads"),
-        (["--kv-cache-dtype", "int4"], "--kv-cache-dtype 'int4' is not one of"),
-        (["--dtype", "fp64"], "--dtype 'fp64' is not one of"),
-        (["--block-size", "0"], "must be positive"),
+        (["--kv-cache-dtype", "int4"], "argument --kv-cache-dtype: 'int4' is not one of"),
+        (["--dtype", "fp64"], "argument --dtype: 'fp64' is not one of"),
+        (["--block-size", "0"], "argument --block-size: 0 must be at least 1"),
     ],
     ids=[
         "missing-dir",
@@ -180,7 +180,11 @@ def test_plan_equals_the_backends_own_decision(tmp_path, model, heads, kvh):
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args, message, capsys):
-    assert main(["plan", *args]) == 2
+    try:
+        code = main(["plan", *args])
+    except SystemExit as exc:  # argparse's own usage errors
+        code = exc.code
+    assert code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0]
 
@@ -318,8 +322,8 @@ def test_plan_text_names_tables_scales_and_the_aiter_clause(tmp_path, capsys, mo
     ("args", "env", "message"),
     [
         (["--aiter-version", "banana"], {}, "--aiter-version 'banana' is not a version"),
-        (["--num-gpu-blocks", "0"], {}, "--num-gpu-blocks 0 must be positive"),
-        (["--num-gpu-blocks", "many"], {}, "argument --num-gpu-blocks: invalid int value"),
+        (["--num-gpu-blocks", "0"], {}, "argument --num-gpu-blocks: 0 must be at least 1"),
+        (["--num-gpu-blocks", "many"], {}, "--num-gpu-blocks: 'many' is not a whole number"),
         ([], {"VLLM_ROCM_ASM_DECODE_TRUST_AITER": "perhaps"}, "VLLM_ROCM_ASM_DECODE_TRUST"),
         ([], {"VLLM_ROCM_ASM_DECODE_CUT": "lots"}, "VLLM_ROCM_ASM_DECODE_CUT='lots'"),
     ],
@@ -374,3 +378,57 @@ def test_logging_level_is_read_as_vllm_reads_it(level, code, monkeypatch, capsys
     if code:
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and "VLLM_LOGGING_LEVEL='loud' is not a logging level" in err[0]
+
+
+def test_an_mla_model_is_said_not_to_use_rocm_attn(tmp_path, capsys):
+    (tmp_path / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["DeepseekV2ForCausalLM"],
+                "model_type": "deepseek_v2",
+                "hidden_size": 1024,
+                "num_attention_heads": 16,
+                "num_key_value_heads": 16,
+                "num_hidden_layers": 2,
+                "kv_lora_rank": 512,
+                "q_lora_rank": None,
+                "qk_rope_head_dim": 64,
+                "qk_nope_head_dim": 128,
+                "v_head_dim": 128,
+                "vocab_size": 1000,
+                "intermediate_size": 1024,
+                "moe_intermediate_size": 256,
+                "max_position_embeddings": 4096,
+                "torch_dtype": "bfloat16",
+            }
+        )
+    )
+    assert main(["plan", "--model", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "multi-head latent attention" in err[0] and "ROCM_ATTN" in err[0]
+
+
+def test_heads_not_a_multiple_of_kv_heads_is_an_error(tmp_path, capsys):
+    harness.write_model_dir(tmp_path, num_heads=40, num_kv_heads=6)
+    assert main(["plan", "--model", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "not a multiple of 6 KV heads" in err[0], err
+
+
+def test_vllms_config_error_keeps_the_line_that_says_what_is_wrong(capsys):
+    assert main(["plan", "--max-model-len", "999999"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "User-specified max_model_len (999999)" in err[0], err
+    assert "validation error" not in err[0]
+
+
+def test_plan_applies_the_switch_as_vllm_would(monkeypatch):
+    monkeypatch.setenv("VLLM_ROCM_ASM_DECODE", "0")
+    plan = make_plan(gpu="mi355x")
+    assert not plan.eligible and plan.reasons == ["VLLM_ROCM_ASM_DECODE=0 (the asm decode is off)"]
+    assert all(b["kernel"] == "hip" for b in plan.batches)
+
+
+def test_vllms_dtype_aliases_are_accepted(capsys):
+    assert main(["plan", "--gpu", "mi355x", "--dtype", "half", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["dtype"] == "float16"

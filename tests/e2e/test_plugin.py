@@ -128,6 +128,7 @@ CASES: dict[str, tuple[dict[str, str], dict[str, bool]]] = {
     "bad-cut": (AITER_ON | {"VLLM_ROCM_ASM_DECODE_CUT": "lots"}, {}),
     "bad-switch": (AITER_ON | {"VLLM_ROCM_ASM_DECODE": "maybe"}, {}),
     "bad-trust": (AITER_ON | {"VLLM_ROCM_ASM_DECODE_TRUST_AITER": "always"}, {}),
+    "bad-not-rocm": (AITER_ON | {"VLLM_ROCM_ASM_DECODE_CUT": "lots"}, {"gpu": False}),
 }
 
 
@@ -243,6 +244,14 @@ def test_not_rocm_registers_nothing(probes):
     r = probe(probes, "not-rocm")
     assert r["error"] is None and r["changed"] == []
     assert any("not ROCm" in m for m in r["log"]), r["log"]
+
+
+def test_a_bad_setting_where_the_plugin_cannot_act_stops_nothing(probes):
+    """Not ROCm: vLLM starts; the bad value is said once and the plugin stays out."""
+    r = probe(probes, "bad-not-rocm")
+    assert r["error"] is None and r["changed"] == []
+    assert any("VLLM_ROCM_ASM_DECODE_CUT='lots'" in m and "ignored" in m for m in r["log"])
+    assert any("inactive: not ROCm" in m for m in r["log"]), r["log"]
 
 
 @pytest.mark.parametrize(

@@ -16,6 +16,8 @@ import logging
 import os
 import sys
 
+from . import choices
+
 PROG = "vllm-rocm-asm-decode"
 
 
@@ -27,7 +29,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .plan import DEFAULT_GPU, DEFAULT_PRESET, GPUS, presets
+    """The whole command line; imports nothing heavy (no torch, no vLLM), so ``--help``
+    and every input error answer at once."""
 
     parser = _Parser(prog=PROG, description="ROCM_ATTN asm decode for vLLM on AMD Instinct GPUs.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -43,42 +46,49 @@ def build_parser() -> argparse.ArgumentParser:
     )
     plan.add_argument(
         "--model",
-        default=DEFAULT_PRESET,
+        default=choices.DEFAULT_PRESET,
         metavar="PRESET|DIR",
-        help=f"a preset ({', '.join(presets())}; default {DEFAULT_PRESET}) or a local "
-        "directory with a Hugging Face config.json (read offline by vLLM's ModelConfig)",
+        help=f"a preset ({', '.join(choices.presets())}; default {choices.DEFAULT_PRESET}) "
+        "or a local directory with a Hugging Face config.json (read offline by vLLM's "
+        "ModelConfig; a directory wins over a preset of the same name)",
     )
     plan.add_argument(
         "--gpu",
-        metavar="|".join(GPUS),
-        help=f"the GPU (default: the live GPU on ROCm, else {DEFAULT_GPU})",
+        metavar="|".join(choices.GPUS),
+        help=f"the GPU (default: the live GPU on ROCm, else {choices.DEFAULT_GPU})",
     )
     plan.add_argument(
         "--tensor-parallel-size",
         "-tp",
-        type=int,
+        type=choices.positive_int,
         default=1,
         metavar="N",
         help="tensor-parallel ranks; heads are divided as vLLM divides them (default 1)",
     )
     plan.add_argument(
         "--kv-cache-dtype",
+        type=choices.kv_cache_dtype,
         default="fp8",
-        metavar="|".join(KV_CACHE_DTYPES),
+        metavar="|".join(choices.KV_CACHE_DTYPES),
         help="vLLM's --kv-cache-dtype (default fp8)",
     )
     plan.add_argument(
-        "--block-size", type=int, default=16, metavar="N", help="KV cache block size (default 16)"
+        "--block-size",
+        type=choices.positive_int,
+        default=16,
+        metavar="N",
+        help="KV cache block size (default 16)",
     )
     plan.add_argument(
         "--dtype",
+        type=choices.dtype,
         default="bfloat16",
-        metavar="|".join(DTYPES),
-        help="model (query) dtype (default bfloat16)",
+        metavar="|".join(choices.DTYPES),
+        help="model (query) dtype, as vLLM's --dtype (default bfloat16)",
     )
     plan.add_argument(
         "--max-model-len",
-        type=int,
+        type=choices.positive_int,
         default=None,
         metavar="N",
         help="vLLM's --max-model-len (default: the model's context length)",
@@ -93,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     plan.add_argument(
         "--num-gpu-blocks",
-        type=int,
+        type=choices.positive_int,
         default=None,
         metavar="N",
         help="KV cache blocks per layer (the '# GPU blocks' vLLM logs at start-up): decides "
@@ -101,10 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     plan.add_argument("--json", action="store_true", help="print one JSON object")
 
-    from . import doctor
-
     doc = _documented_parser(
-        sub, "doctor", "check this machine before turning the plugin on (GPU self-test)", doctor
+        sub, "doctor", "check this machine before turning the plugin on (GPU self-test)", "doctor"
     )
     doc.add_argument("--json", action="store_true", help="print one JSON object")
 
@@ -121,50 +129,50 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _ints(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a comma-separated list of integers"
-        ) from None
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: give positive integers")
-    return values
+def _module_doc(module: str) -> str:
+    """A tools module's docstring, read from its source without importing it (the
+    validation modules import torch)."""
+    import ast
+    from importlib.util import find_spec
+
+    spec = find_spec(f"{__package__}.{module}")
+    if spec is None or spec.origin is None:
+        return ""
+    with open(spec.origin, encoding="utf-8") as f:
+        return (ast.get_docstring(ast.parse(f.read())) or "").strip()
 
 
-def _layouts(text: str) -> list[tuple[int, int]]:
-    try:
-        pairs = [tuple(int(x) for x in item.split("/")) for item in text.split(",")]
-    except ValueError:
-        pairs = []
-    if not pairs or any(len(p) != 2 or min(p) < 1 or p[0] % p[1] for p in pairs):
-        raise argparse.ArgumentTypeError(
-            f"{text!r}: give query/KV head pairs such as 40/8,32/8 (query a multiple of KV)"
-        )
-    return [(p[0], p[1]) for p in pairs]
-
-
-def _documented_parser(sub, name: str, help: str, module) -> argparse.ArgumentParser:
+def _documented_parser(sub, name: str, help: str, module: str) -> argparse.ArgumentParser:
     """A subcommand whose --help shows its module's docstring."""
     return sub.add_parser(
         name,
         help=help,
-        description=(module.__doc__ or "").strip(),
+        description=_module_doc(module),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
 
 
 def _add_layout_options(p: argparse.ArgumentParser, heads_help: str, contexts_help: str) -> None:
-    p.add_argument("--heads", type=_layouts, default=None, metavar="Q/KV,...", help=heads_help)
-    p.add_argument("--contexts", type=_ints, default=None, metavar="N,...", help=contexts_help)
+    p.add_argument(
+        "--heads", type=choices.layouts, default=None, metavar="Q/KV,...", help=heads_help
+    )
+    p.add_argument(
+        "--contexts",
+        type=choices.contexts,
+        default=None,
+        metavar="N,...",
+        help=contexts_help + f"; at most {choices.MAX_CONTEXT}",
+    )
 
 
 def _add_bench_serve(bench) -> None:
     from .validation import serve_bench as sb
 
     p = _documented_parser(
-        bench, "serve", "A/B serving benchmark: baseline vs asm decode, fresh server per arm", sb
+        bench,
+        "serve",
+        "A/B serving benchmark: baseline vs asm decode, fresh server per arm",
+        "validation.serve_bench",
     )
     p.add_argument("--model", required=True, help="what vllm serve serves")
     p.add_argument(
@@ -174,30 +182,32 @@ def _add_bench_serve(bench) -> None:
         help="baseline arm: VLLM_ROCM_ASM_DECODE=0 (default, everything else "
         "equal) or VLLM_ROCM_USE_AITER_MHA=0 (the original change's baseline)",
     )
-    p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1, metavar="N")
+    p.add_argument(
+        "--tensor-parallel-size", "-tp", type=choices.positive_int, default=1, metavar="N"
+    )
     p.add_argument(
         "--concurrency",
-        type=_ints,
+        type=choices.positive_ints,
         default=list(sb.DEFAULT_CONCURRENCIES),
         metavar="C,C,...",
         help="--max-concurrency values (default 1,8,16,64,128)",
     )
     p.add_argument(
         "--num-prompts",
-        type=_ints,
+        type=choices.positive_ints,
         default=list(sb.DEFAULT_NUM_PROMPTS),
         metavar="N,N,...",
         help="prompts per concurrency (default 8,32,64,256,256)",
     )
     p.add_argument(
         "--repeats",
-        type=int,
+        type=choices.positive_int,
         default=1,
         metavar="N",
         help="runs per arm, arms alternating (default 1)",
     )
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--port", type=choices.port, default=8000)
     p.add_argument(
         "--dataset",
         default="random",
@@ -206,36 +216,41 @@ def _add_bench_serve(bench) -> None:
         "(default); sharegpt: vLLM's ShareGPT run, chat-like lengths (needs --dataset-path)",
     )
     p.add_argument("--dataset-path", default=None, metavar="FILE", help="the ShareGPT JSON file")
-    p.add_argument("--input-len", type=int, default=1024, help="random input length")
-    p.add_argument("--output-len", type=int, default=1024, help="random output length")
-    p.add_argument("--max-model-len", type=int, default=40960)
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.85)
+    p.add_argument(
+        "--input-len", type=choices.positive_int, default=1024, help="random input length"
+    )
+    p.add_argument(
+        "--output-len", type=choices.positive_int, default=1024, help="random output length"
+    )
+    p.add_argument("--max-model-len", type=choices.positive_int, default=40960)
+    p.add_argument("--gpu-memory-utilization", type=choices.fraction, default=0.85)
     p.add_argument(
         "--result-dir",
         default="asm-decode-serve-results",
         help="where result files and server logs go",
     )
     p.add_argument("--vllm", default="vllm", help="the vllm executable (default: vllm on PATH)")
-    p.add_argument("--health-timeout", type=float, default=1800.0, metavar="SECONDS")
+    p.add_argument(
+        "--health-timeout", type=choices.positive_float, default=1800.0, metavar="SECONDS"
+    )
     p.add_argument(
         "--serve-arg",
         action="append",
         default=[],
         metavar="ARG",
-        help="extra argument for vllm serve (repeatable)",
+        help="extra argument for vllm serve (repeatable; --serve-arg --enforce-eager works, "
+        "as does --serve-arg=--enforce-eager)",
     )
     p.add_argument("--json", metavar="PATH", help="write all runs and the summary as JSON")
     p.add_argument("--plot", metavar="PATH", help="write a PNG of tok/s per concurrency")
 
 
 def _add_bench_kernel(bench) -> None:
-    from .validation import kernel_bench as kb
-
     p = _documented_parser(
         bench,
         "kernel",
         "impl.forward in a CUDA graph: HIP decode vs asm decode (ROCm GPU + AITER)",
-        kb,
+        "validation.kernel_bench",
     )
     _add_layout_options(
         p,
@@ -244,7 +259,7 @@ def _add_bench_kernel(bench) -> None:
     )
     p.add_argument(
         "--seqs",
-        type=_ints,
+        type=choices.positive_ints,
         default=None,
         metavar="N,...",
         help="batch sizes (default 16,64,256; 24,64,256 for 32/8)",
@@ -262,40 +277,48 @@ def _add_bench_kernel(bench) -> None:
         help="walk batch sizes from 1 at the first layout and context and report "
         "the crossover and the VLLM_ROCM_ASM_DECODE_CUT it suggests",
     )
-    p.add_argument("--iters", type=int, default=100, help="graph replays per timing")
+    p.add_argument(
+        "--iters", type=choices.positive_int, default=100, help="graph replays per timing"
+    )
     p.add_argument("--json", metavar="PATH", help="write the raw numbers as JSON")
     p.add_argument("--plot", metavar="PATH", help="write a PNG of µs vs sequences")
 
 
 def _add_check_passkey(check) -> None:
-    from .validation import passkey
-
     p = _documented_parser(
-        check, "passkey", "long-context passkey retrieval against a running server", passkey
+        check,
+        "passkey",
+        "long-context passkey retrieval against a running server",
+        "validation.passkey",
     )
     p.add_argument("--model", required=True, help="the served model name")
     p.add_argument("--base-url", default="http://127.0.0.1:8000")
     p.add_argument(
         "--lengths",
-        type=_ints,
+        type=choices.positive_ints,
         default=[3000, 8000, 16000, 32000],
         metavar="N,...",
         help="target prompt lengths in tokens (default 3000,8000,16000,32000)",
     )
-    p.add_argument("--prompts", type=int, default=24, help="prompts per length (default 24)")
-    p.add_argument("--in-flight", type=int, default=30, help="concurrent requests (default 30)")
+    p.add_argument(
+        "--prompts", type=choices.positive_int, default=24, help="prompts per length (default 24)"
+    )
+    p.add_argument(
+        "--in-flight",
+        type=choices.positive_int,
+        default=30,
+        help="concurrent requests (default 30)",
+    )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--timeout", type=float, default=600.0, metavar="SECONDS")
+    p.add_argument("--timeout", type=choices.positive_float, default=600.0, metavar="SECONDS")
 
 
 def _add_check_accuracy(check) -> None:
-    from .validation import accuracy as acc
-
     p = _documented_parser(
         check,
         "accuracy",
         "decode error vs an fp32 reference (contract model without a ROCm GPU)",
-        acc,
+        "validation.accuracy",
     )
     _add_layout_options(
         p,
@@ -303,31 +326,19 @@ def _add_check_accuracy(check) -> None:
         "context lengths sampled (default 1,15,16,17,255,1000,4000)",
     )
     p.add_argument(
-        "--seeds", type=_ints, default=None, metavar="N,...", help="seeds (default 0,1,2)"
+        "--seeds", type=choices.seeds, default=None, metavar="N,...", help="seeds (default 0,1,2)"
     )
     p.add_argument("--json", metavar="PATH", help="write every measurement as JSON")
 
 
-KV_CACHE_DTYPES = ("fp8", "fp8_e4m3", "fp8_e5m2", "auto", "bfloat16", "float16")
-DTYPES = ("bfloat16", "float16", "float32", "auto")
-
-
 def _plan(args: argparse.Namespace) -> int:
-    from ..settings import SettingError
-    from .plan import PlanError, make_plan, parse_aiter_version, render
+    from ..settings import SettingError, check_all
 
     try:
-        if args.kv_cache_dtype not in KV_CACHE_DTYPES:
-            raise PlanError(
-                f"--kv-cache-dtype {args.kv_cache_dtype!r} is not one of "
-                + ", ".join(KV_CACHE_DTYPES)
-            )
-        if args.dtype not in DTYPES:
-            raise PlanError(f"--dtype {args.dtype!r} is not one of " + ", ".join(DTYPES))
-        if args.block_size < 1 or (args.max_model_len is not None and args.max_model_len < 1):
-            raise PlanError("--block-size and --max-model-len must be positive")
-        if args.num_gpu_blocks is not None and args.num_gpu_blocks < 1:
-            raise PlanError(f"--num-gpu-blocks {args.num_gpu_blocks} must be positive")
+        check_all()  # the plugin's settings, as vLLM would apply them
+        choices.resolve_model_dir(args.model)  # judged before vLLM is imported
+        from .plan import make_plan, parse_aiter_version, render
+
         aiter_version = (
             args.aiter_version
             if args.aiter_version == "installed"
@@ -344,7 +355,7 @@ def _plan(args: argparse.Namespace) -> int:
             aiter_version=aiter_version,
             num_gpu_blocks=args.num_gpu_blocks,
         )
-    except (PlanError, SettingError) as exc:
+    except (choices.InputError, SettingError) as exc:
         print(f"{PROG} plan: error: {exc}", file=sys.stderr)
         return 2
     print(json.dumps(plan.to_json(), indent=2) if args.json else render(plan))
@@ -352,10 +363,28 @@ def _plan(args: argparse.Namespace) -> int:
 
 
 def _bench_serve(args: argparse.Namespace) -> int:
+    import shutil
+    import socket
     from pathlib import Path
 
     from .validation import serve_bench as sb
 
+    # What can be judged before starting servers for an hour.
+    problem = None
+    if shutil.which(args.vllm) is None:
+        problem = f"--vllm {args.vllm}: no such executable (is vLLM installed and on PATH?)"
+    elif Path(args.result_dir).exists() and not Path(args.result_dir).is_dir():
+        problem = f"--result-dir {args.result_dir} is a file"
+    elif args.json and (why := _unwritable(args.json)):
+        problem = f"--json {args.json}: {why}"
+    else:
+        try:
+            socket.getaddrinfo(args.host, args.port)
+        except OSError as exc:
+            problem = f"--host {args.host} does not resolve ({exc.strerror or exc})"
+    if problem:
+        print(f"{PROG} bench serve: error: {problem}", file=sys.stderr)
+        return 2
     try:
         cfg = sb.ServeConfig(
             model=args.model, baseline=args.baseline,
@@ -429,7 +458,20 @@ def _unwritable(path: str) -> str | None:
     return None
 
 
+def _glue_serve_args(argv: list[str]) -> list[str]:
+    """``--serve-arg --enforce-eager`` as ``--serve-arg=--enforce-eager``: argparse would
+    take a value that starts with ``--`` for an option of its own."""
+    out = []
+    for i, word in enumerate(argv):
+        if i and argv[i - 1] == "--serve-arg" and out and out[-1] == "--serve-arg":
+            out[-1] = f"--serve-arg={word}"
+        else:
+            out.append(word)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = _glue_serve_args(list(sys.argv[1:] if argv is None else argv))
     args = build_parser().parse_args(argv)
     # vLLM's and torch's start-up warnings would drown the answer (VLLM_LOGGING_LEVEL,
     # when set, wins for vLLM's).
@@ -443,6 +485,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     logging.getLogger("vllm").setLevel(level)
     logging.getLogger("torch").setLevel(logging.ERROR)
+    if args.command != "bench" or args.bench != "serve":
+        # vLLM's import logs torch deprecations that would drown the answer (a server the
+        # benchmark starts keeps its own torch logging).
+        os.environ.setdefault("TORCH_LOGS", "-all")
     if args.command == "plan":
         return _plan(args)
     if args.command == "doctor":

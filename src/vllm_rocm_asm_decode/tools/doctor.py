@@ -183,12 +183,7 @@ def environment() -> Report:
     from .validation.gpu import rocm_gpu_problem
 
     checks: list[Check] = []
-    bad = []
-    for parse in (settings.asm_decode_switch, settings.cut_override, settings.trust_aiter):
-        try:
-            parse()
-        except settings.SettingError as exc:
-            bad.append(str(exc))
+    bad = settings.problems()
     checks.append(
         Check("settings", not bad, "; ".join(bad) or "every VLLM_ROCM_ASM_DECODE* value is valid")
     )

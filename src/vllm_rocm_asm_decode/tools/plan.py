@@ -7,7 +7,6 @@ holding a Hugging Face ``config.json``); the answers from :mod:`.eligibility`,
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -18,32 +17,18 @@ from ..aiter_version import FIRST_FIXED, AiterBuild, describe, installed_version
 from ..decision import default_cut, describe_cut, resolve_cut, step_uses_asm
 from ..eligibility import VALIDATED_CONTEXT, LayerFacts, rejection_reasons
 from ..kernel_table import KernelTable, fallback_table
+from .choices import (
+    DEFAULT_GPU,
+    DEFAULT_PRESET,
+    GPUS,
+    Gpu,
+    InputError,
+    first_line,
+    resolve_model_dir,
+)
 
-PRESETS_DIR = Path(__file__).resolve().parent / "presets"
-DEFAULT_PRESET = "qwen3-14b-fp8"
-
-
-@dataclass(frozen=True)
-class Gpu:
-    name: str
-    arch: str
-    compute_units: int
-
-
-GPUS = {
-    "mi300x": Gpu("MI300X", "gfx942", 304),
-    "mi325x": Gpu("MI325X", "gfx942", 304),
-    "mi355x": Gpu("MI355X", "gfx950", 256),
-}
-DEFAULT_GPU = "mi355x"
-
-
-class PlanError(ValueError):
-    """A problem with the user's input; the CLI prints it as one line and exits 2."""
-
-
-def presets() -> list[str]:
-    return sorted(p.name for p in PRESETS_DIR.iterdir() if (p / "config.json").is_file())
+#: A problem with the user's input (one line, exit 2).
+PlanError = InputError
 
 
 def default_capture_sizes(max_size: int = 512) -> list[int]:
@@ -104,33 +89,6 @@ class Plan:
         return asdict(self)
 
 
-#: Names Hugging Face configs give the attention head count. Without one, transformers
-#: would fill in its class defaults and the plan would describe a model that isn't there.
-HEAD_COUNT_KEYS = ("num_attention_heads", "n_head", "num_heads", "n_heads")
-
-
-def resolve_model_dir(model: str) -> tuple[Path, str]:
-    """A preset name or a directory with a ``config.json`` that names its head count."""
-    if model in presets():
-        return PRESETS_DIR / model, f"preset {model}"
-    path = Path(model).expanduser()
-    if path.is_dir():
-        config = path / "config.json"
-        try:
-            raw = json.loads(config.read_text())
-        except (OSError, ValueError) as exc:
-            raise PlanError(f"cannot read {config}: {_first_line(exc)}") from exc
-        if not isinstance(raw, dict):
-            raise PlanError(f"{config} is not a JSON object")
-        sections = [raw, *(v for v in raw.values() if isinstance(v, dict))]
-        if not any(key in section for section in sections for key in HEAD_COUNT_KEYS):
-            raise PlanError(f"{config} has no attention fields (num_attention_heads)")
-        return path, str(path)
-    if os.sep in model or model.startswith("."):
-        raise PlanError(f"model directory {model} does not exist")
-    raise PlanError(f"unknown model preset {model!r}; presets: {', '.join(presets())}")
-
-
 def resolve_gpu(name: str | None) -> Gpu:
     """``--gpu``, else the live GPU on ROCm, else MI355X."""
     if name is not None:
@@ -173,12 +131,18 @@ def _model_config(model_dir: Path, dtype: str, max_model_len: int | None):
             max_model_len=max_model_len,
         )
     except Exception as exc:  # vLLM's own validation errors, unreadable configs
-        raise PlanError(f"vLLM cannot read {model_dir}/config.json: {_first_line(exc)}") from exc
+        raise PlanError(f"vLLM cannot read {model_dir}/config.json: {_what_is_wrong(exc)}") from exc
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
+def _what_is_wrong(exc: BaseException) -> str:
+    """The line of a vLLM (pydantic) config error that says what is wrong, not its
+    ``1 validation error for ModelConfig`` header nor transformers' retry advice."""
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    for line in lines:
+        if line.startswith(("Value error,", "Assertion failed,")):
+            return line.split(",", 1)[1].split(" [type=")[0].strip()
+    meaningful = [line for line in lines if "validation error" not in line]
+    return (meaningful or lines or [type(exc).__name__])[0]
 
 
 def _per_rank_heads(model_config, tp: int) -> tuple[int, int]:
@@ -197,6 +161,11 @@ def _per_rank_heads(model_config, tp: int) -> tuple[int, int]:
 def layer_facts(model_config, *, tp: int, kv_cache_dtype: str, block_size: int) -> list[LayerFacts]:
     """One :class:`LayerFacts` per attention layer, from vLLM's reading of the config."""
     hf = model_config.hf_text_config
+    if model_config.use_mla:
+        raise PlanError(
+            f"{hf.model_type} uses multi-head latent attention: vLLM serves it with an MLA "
+            "backend, never ROCM_ATTN, so the asm decode does not apply"
+        )
     try:
         head_size = model_config.get_head_size()
         num_heads, num_kv_heads = _per_rank_heads(model_config, tp)
@@ -204,7 +173,12 @@ def layer_facts(model_config, *, tp: int, kv_cache_dtype: str, block_size: int) 
     except PlanError:
         raise
     except Exception as exc:
-        raise PlanError(f"config.json lacks attention fields: {_first_line(exc)}") from exc
+        raise PlanError(f"config.json lacks attention fields: {first_line(exc)}") from exc
+    if num_kv_heads < 1 or num_heads % num_kv_heads:
+        raise PlanError(
+            f"{num_heads} attention heads per rank are not a multiple of {num_kv_heads} KV "
+            "heads: not a model vLLM can serve"
+        )
     window = model_config.get_sliding_window()
     layer_types = getattr(hf, "layer_types", None) or []
     # The softmax scale models give their attention layers.
@@ -361,6 +335,8 @@ def make_plan(
     scales, scales_source = checkpoint_scales(model_dir, label, model_config, len(facts))
     table = kernel_table_for(the_gpu.arch)
     per_layer = [rejection_reasons(f, table, aiter) for f in facts]
+    if not settings.asm_decode_switch():  # as the plugin reads it in vLLM
+        per_layer = [[*r, f"{settings.SWITCH_ENV}=0 (the asm decode is off)"] for r in per_layer]
     eligible = [not r for r in per_layer]
     groups: dict[tuple[str, ...], list[int]] = {}
     for i, reasons in enumerate(per_layer):

@@ -50,6 +50,10 @@ def passed(prompt: Prompt, reply: str) -> bool:
     return prompt.passkey in reply
 
 
+class ServerError(RuntimeError):
+    """The server's answer is not a completion; the message says what it said."""
+
+
 def ask(base_url: str, model: str, prompt: Prompt, timeout: float) -> str:
     body = json.dumps(
         {"model": model, "prompt": prompt.text, "max_tokens": 16, "temperature": 0}
@@ -57,8 +61,18 @@ def ask(base_url: str, model: str, prompt: Prompt, timeout: float) -> str:
     request = urllib.request.Request(
         f"{base_url}/v1/completions", data=body, headers={"Content-Type": "application/json"}
     )
-    with urllib.request.urlopen(request, timeout=timeout) as response:
-        return json.loads(response.read())["choices"][0]["text"]
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            reply = json.loads(response.read())
+    except urllib.error.HTTPError as exc:  # keep the server's reason (e.g. a 400's message)
+        detail = exc.read().decode(errors="replace").strip().replace("\n", " ")
+        raise ServerError(f"HTTP {exc.code}: {detail[:300] or exc.reason}") from None
+    except ValueError as exc:
+        raise ServerError(f"the reply is not JSON ({exc})") from None
+    choices = reply.get("choices") if isinstance(reply, dict) else None
+    if not choices or not isinstance(choices[0], dict) or "text" not in choices[0]:
+        raise ServerError(f"the reply has no completion text: {json.dumps(reply)[:300]}")
+    return str(choices[0]["text"])
 
 
 def main(args: argparse.Namespace) -> int:
@@ -69,7 +83,7 @@ def main(args: argparse.Namespace) -> int:
             replies = list(
                 pool.map(lambda p: ask(args.base_url, args.model, p, args.timeout), prompts)
             )
-    except (urllib.error.URLError, OSError, KeyError, ValueError) as exc:
+    except (ServerError, urllib.error.URLError, OSError) as exc:
         print(f"{PROG}: error: {args.base_url}: {exc}", file=sys.stderr)
         return 2
     failures = 0

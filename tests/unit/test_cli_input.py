@@ -1,0 +1,134 @@
+"""Every input error is one line and exit status 2, decided before torch or vLLM is
+imported where the input can be judged without them; --help answers at once."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import urllib.error
+
+import pytest
+
+from vllm_rocm_asm_decode.tools import choices
+from vllm_rocm_asm_decode.tools.cli import _glue_serve_args, main
+
+CASES = {
+    "tp-zero": (["plan", "-tp", "0"], "argument --tensor-parallel-size/-tp: 0 must be at least 1"),
+    "block-word": (["plan", "--block-size", "x"], "argument --block-size: 'x' is not a whole"),
+    "blocks-zero": (["plan", "--num-gpu-blocks", "0"], "--num-gpu-blocks: 0 must be at least 1"),
+    "len-zero": (["plan", "--max-model-len", "0"], "--max-model-len: 0 must be at least 1"),
+    "dtype": (["plan", "--dtype", "fp64"], "argument --dtype: 'fp64' is not one of"),
+    "kv-dtype": (["plan", "--kv-cache-dtype", "int4"], "'int4' is not one of fp8, fp8_e4m3"),
+    "file-as-model": (["plan", "--model", __file__], "is a file; give the model's directory"),
+    "hf-id": (["plan", "--model", "meta-llama/Llama-3.1-8B"], "only local directories"),
+    "empty-model": (["plan", "--model", " "], "--model is empty"),
+    "wide-gqa": (["check", "accuracy", "--heads", "64/4"], "GQA above 8 has no"),
+    "huge-context": (["check", "accuracy", "--contexts", "5000000"], "at most 131072"),
+    "prompts-zero": (["check", "passkey", "--model", "m", "--prompts", "0"], "at least 1"),
+    "in-flight-zero": (["check", "passkey", "--model", "m", "--in-flight", "0"], "at least 1"),
+    "iters-zero": (["bench", "kernel", "--iters", "0"], "--iters: 0 must be at least 1"),
+    "port": (["bench", "serve", "--model", "m", "--port", "99999"], "not a TCP port"),
+    "utilization": (
+        ["bench", "serve", "--model", "m", "--gpu-memory-utilization", "1.5"],
+        "must be in (0, 1]",
+    ),
+    "no-vllm": (["bench", "serve", "--model", "m", "--vllm", "no-such-vllm"], "no such exec"),
+}
+
+
+def run(argv):
+    try:
+        return main(argv)
+    except SystemExit as exc:  # argparse's own usage errors
+        return exc.code
+
+
+@pytest.mark.parametrize("case", list(CASES), ids=list(CASES))
+def test_bad_input_is_one_line_and_exit_2(case, capsys):
+    argv, message = CASES[case]
+    assert run(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+
+
+def test_seeds_may_start_at_zero_as_documented():
+    assert choices.seeds("0,1,2") == [0, 1, 2]
+
+
+def test_a_directory_wins_over_a_preset_of_the_same_name(tmp_path, monkeypatch):
+    import harness
+
+    harness.write_model_dir(tmp_path / "qwen3-8b", num_heads=16, num_kv_heads=4)
+    monkeypatch.chdir(tmp_path)
+    path, label = choices.resolve_model_dir("qwen3-8b")
+    assert path == tmp_path / "qwen3-8b" or path.resolve() == (tmp_path / "qwen3-8b")
+    assert not label.startswith("preset")
+
+
+def test_serve_args_that_look_like_options_are_accepted():
+    assert _glue_serve_args(["bench", "serve", "--serve-arg", "--enforce-eager", "--x"]) == [
+        "bench",
+        "serve",
+        "--serve-arg=--enforce-eager",
+        "--x",
+    ]
+
+
+def test_help_and_usage_errors_import_neither_torch_nor_vllm():
+    """In a fresh interpreter: what answering --help and a usage error imports (what
+    makes them take seconds). Timing itself is measured, not gated: see the note."""
+    code = (
+        "import sys\n"
+        "from vllm_rocm_asm_decode.tools.cli import main\n"
+        "for argv in (['--help'], ['plan', '--help'], ['plan', '-tp', '0']):\n"
+        "    try:\n"
+        "        main(argv)\n"
+        "    except SystemExit:\n"
+        "        pass\n"
+        "print('LOADED', 'torch' in sys.modules, 'vllm' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    loaded = [line for line in out.stdout.splitlines() if line.startswith("LOADED")]
+    assert loaded == ["LOADED False False"], out.stderr[-2000:]
+
+
+class _Reply:
+    def __init__(self, body: bytes):
+        self.body = body
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return False
+
+    def read(self):
+        return self.body
+
+
+@pytest.mark.parametrize(
+    ("answer", "message"),
+    [
+        (json.dumps({"choices": []}).encode(), "the reply has no completion text"),
+        (b"<html>", "the reply is not JSON"),
+        ("http400", "HTTP 400: context length exceeded"),
+    ],
+    ids=["empty-choices", "not-json", "http-400"],
+)
+def test_passkey_server_answers_that_are_not_completions(answer, message, monkeypatch, capsys):
+    import io
+
+    from vllm_rocm_asm_decode.tools.validation import passkey
+
+    def urlopen(request, timeout):
+        if answer == "http400":
+            raise urllib.error.HTTPError(
+                request.full_url, 400, "Bad Request", {}, io.BytesIO(b"context length exceeded")
+            )
+        return _Reply(answer)
+
+    monkeypatch.setattr(passkey.urllib.request, "urlopen", urlopen)
+    assert run(["check", "passkey", "--model", "m", "--prompts", "1", "--lengths", "100"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
