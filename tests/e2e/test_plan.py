@@ -432,3 +432,88 @@ def test_plan_applies_the_switch_as_vllm_would(monkeypatch):
 def test_vllms_dtype_aliases_are_accepted(capsys):
     assert main(["plan", "--gpu", "mi355x", "--dtype", "half", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["dtype"] == "float16"
+
+
+#: Configs of real model families (their field names and attention values; sizes cut
+#: down), with what vLLM's model classes do with them: Gemma 2 scales queries by
+#: query_pre_attn_scalar ** -0.5 and soft-caps logits, Granite scales by
+#: attention_multiplier, Bloom uses ALiBi, gpt-oss has attention sinks.
+FAMILIES = {
+    "gemma-2-27b": (
+        {
+            "architectures": ["Gemma2ForCausalLM"],
+            "model_type": "gemma2",
+            "hidden_size": 4608,
+            "head_dim": 128,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 16,
+            "query_pre_attn_scalar": 144,
+            "attn_logit_softcapping": 50.0,
+            "final_logit_softcapping": 30.0,
+            "sliding_window": 4096,
+        },
+        [
+            "logits soft cap (not supported by the asm kernel)",
+            "sliding window (not supported by the asm kernel)",
+            "softmax scale 0.0833333 != 1/sqrt(128)",
+        ],
+    ),
+    "granite-3-8b": (
+        {
+            "architectures": ["GraniteForCausalLM"],
+            "model_type": "granite",
+            "hidden_size": 4096,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 8,
+            "attention_multiplier": 0.0078125,
+            "embedding_multiplier": 12.0,
+            "residual_multiplier": 0.22,
+            "logits_scaling": 16.0,
+        },
+        ["softmax scale 0.0078125 != 1/sqrt(128)"],
+    ),
+    "bloom-7b": (
+        {
+            "architectures": ["BloomForCausalLM"],
+            "model_type": "bloom",
+            "hidden_size": 4096,
+            "n_head": 32,
+            "n_layer": 4,
+        },
+        ["ALiBi (not supported by the asm kernel)"],
+    ),
+    "gpt-oss-20b": (
+        {
+            "architectures": ["GptOssForCausalLM"],
+            "model_type": "gpt_oss",
+            "hidden_size": 2880,
+            "head_dim": 64,
+            "num_attention_heads": 64,
+            "num_key_value_heads": 8,
+            "sliding_window": 128,
+            "layer_types": ["sliding_attention", "full_attention"] * 2,
+            "num_local_experts": 4,
+            "num_experts_per_tok": 2,
+        },
+        [
+            "attention sinks (not supported by the asm kernel)",
+            "head size 64 (the asm kernel takes 128 only)",
+            "sliding window (not supported by the asm kernel)",
+        ],
+    ),
+}
+
+
+@pytest.mark.parametrize("family", list(FAMILIES), ids=list(FAMILIES))
+def test_real_model_families_are_refused_for_what_their_attention_does(tmp_path, family):
+    config, reasons = FAMILIES[family]
+    base = {
+        "num_hidden_layers": 4,
+        "intermediate_size": 1024,
+        "vocab_size": 1000,
+        "max_position_embeddings": 4096,
+        "torch_dtype": "bfloat16",
+    }
+    (tmp_path / "config.json").write_text(json.dumps(base | config))
+    plan = make_plan(model=str(tmp_path), gpu="mi355x")
+    assert plan.reasons == reasons

@@ -62,5 +62,3 @@ def test_qwen3_14b_shape_costs_at_most_a_tenth_of_a_percent_of_the_kv_cache(tmp_
     share = table_bytes / kv_bytes
     assert len(tables) == 2
     assert share <= 0.001, share
-    # One table per layer and side would have cost about 40x as much (~3 %).
-    assert 0.02 < share * 40 < 0.04

@@ -7,12 +7,14 @@ import json
 import subprocess
 import sys
 import urllib.error
+from pathlib import Path
 
 import pytest
 
 from vllm_rocm_asm_decode.tools import choices
 from vllm_rocm_asm_decode.tools.cli import _glue_serve_args, main
 
+STAND_IN_VLLM = str(Path(__file__).resolve().parents[1] / "standins" / "bin" / "vllm")
 CASES = {
     "tp-zero": (["plan", "-tp", "0"], "argument --tensor-parallel-size/-tp: 0 must be at least 1"),
     "block-word": (["plan", "--block-size", "x"], "argument --block-size: 'x' is not a whole"),
@@ -34,6 +36,22 @@ CASES = {
         "must be in (0, 1]",
     ),
     "no-vllm": (["bench", "serve", "--model", "m", "--vllm", "no-such-vllm"], "no such exec"),
+    "result-dir-file": (
+        ["bench", "serve", "--model", "m", "--vllm", STAND_IN_VLLM, "--result-dir", __file__],
+        "is a file",
+    ),
+    "serve-json-unwritable": (
+        ["bench", "serve", "--model", "m", "--vllm", STAND_IN_VLLM, "--json", "/no/dir/x.json"],
+        "--json /no/dir/x.json: /no/dir is not a directory",
+    ),
+    "host-unresolvable": (
+        ["bench", "serve", "--model", "m", "--vllm", STAND_IN_VLLM, "--host", "no.such.invalid"],
+        "--host no.such.invalid does not resolve",
+    ),
+    "accuracy-json-unwritable": (
+        ["check", "accuracy", "--json", "/no/dir/a.json"],
+        "--json /no/dir/a.json: /no/dir is not a directory",
+    ),
 }
 
 
