@@ -6,13 +6,16 @@ if [ ! -x "$VENV/bin/python" ]; then
   echo "== creating $VENV" >&2
   "${PYTHON:-python3}" -m venv "$VENV"
 fi
-# One quick check of the installed distributions (metadata only: importing vLLM takes
-# seconds, twice would take more).
+# One quick check of what is installed, without importing torch or vLLM (seconds each):
+# the distributions, and this checkout's own source as the installed package.
 if ! "$VENV/bin/python" -c "
-import importlib.metadata as m
+import importlib.metadata as m, importlib.util as u, os
 assert m.version('vllm') == '0.33.0'
-for name in ('vllm-rocm-asm-decode', 'pytest', 'hypothesis', 'ruff'):
+for name in ('vllm-rocm-asm-decode', 'pytest', 'hypothesis', 'ruff', 'matplotlib'):
     m.version(name)
+assert u.find_spec('torch') and u.find_spec('vllm')
+spec = u.find_spec('vllm_rocm_asm_decode.tools.cli')
+assert spec and os.path.realpath(spec.origin).startswith(os.path.realpath('src') + os.sep)
 " 2>/dev/null || [ pyproject.toml -nt "$VENV/.installed" ]; then
   echo "== installing vllm==0.33.0 and this package into $VENV" >&2
   "$VENV/bin/python" -m pip install -q --upgrade pip >&2

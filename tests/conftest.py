@@ -26,10 +26,17 @@ import background  # noqa: E402
 collect_ignore = ["e2e"] if REAL_ROCM else []
 
 
-@pytest.hookimpl(trylast=True)  # after -k, -m and --deselect have dropped their items
-def pytest_collection_modifyitems(session, config, items):
-    """Start the subprocess checks of the selected tests (see ``background``)."""
-    background.start_for({Path(str(item.fspath)).resolve() for item in items})
+def pytest_collection_finish(session):
+    """Start the subprocess checks of the selected tests (see ``background``): by now
+    -k, -m, --deselect and --lf have dropped their items."""
+    background.start_for(
+        (Path(str(item.fspath)).resolve(), getattr(item, "originalname", item.name))
+        for item in session.items
+    )
+
+
+def pytest_sessionfinish(session, exitstatus):
+    background.shutdown()
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -248,11 +248,11 @@ def reset_asm_calls() -> None:
     asm_calls().clear()
 
 
-def run_console(*args: str) -> subprocess.CompletedProcess[str]:
+def run_console(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """The installed ``vllm-rocm-asm-decode`` command in a plain environment (none of the
     tests' stand-ins or settings), as a user on this CPU machine runs it."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "ASM_DECODE"))}
-    env["HIP_VISIBLE_DEVICES"] = ""
-    env.update(background.ONE_THREAD)
+    base = os.environ if env is None else env
+    plain = {k: v for k, v in base.items() if not k.startswith(("VLLM_", "ASM_DECODE"))}
+    plain |= {"HIP_VISIBLE_DEVICES": ""} | background.ONE_THREAD
     exe = os.path.join(os.path.dirname(sys.executable), "vllm-rocm-asm-decode")
-    return subprocess.run([exe, *args], env=env, capture_output=True, text=True, timeout=600)
+    return background.run([exe, *args], plain, timeout=600)

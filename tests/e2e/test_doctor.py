@@ -28,7 +28,11 @@ def checks(report: dict) -> dict[str, dict]:
 
 
 background.declare(
-    "doctor-plain", __file__, lambda: harness.run_console("doctor", "--json"), seconds=6
+    "doctor-plain",
+    __file__,
+    ["test_plain_machine_without_rocm_or_aiter_reports_and_exits_2"],
+    lambda env: harness.run_console("doctor", "--json", env=env),
+    seconds=6,
 )
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -296,22 +295,24 @@ print("RESULT " + json.dumps({{
 """
 
 
-def _interpreted() -> subprocess.CompletedProcess[str]:
+def _interpreted(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     tests = str(Path(__file__).resolve().parents[1])
-    env = {
-        k: v for k, v in os.environ.items() if not k.startswith("ASM_DECODE_TEST_NOOP")
-    } | background.ONE_THREAD
-    return subprocess.run(
+    clean = {k: v for k, v in env.items() if not k.startswith(("VLLM_", "ASM_DECODE_TEST_NOOP"))}
+    return background.run(
         [sys.executable, "-c", INTERPRETED.format(tests=tests)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
+        clean | background.ONE_THREAD,
         cwd=tests,
+        timeout=600,
     )
 
 
-background.declare("mixed-interpreted-prefill", __file__, _interpreted, seconds=25)
+background.declare(
+    "mixed-interpreted-prefill",
+    __file__,
+    ["test_vllms_real_prefill_kernel_on_the_split_views_matches_the_stock_call"],
+    _interpreted,
+    seconds=25,
+)
 
 
 def test_vllms_real_prefill_kernel_on_the_split_views_matches_the_stock_call():

@@ -199,7 +199,11 @@ def test_config_without_attention_fields(tmp_path, capsys):
 
 
 background.declare(
-    "plan-plain", __file__, lambda: harness.run_console("plan", "--json"), seconds=12
+    "plan-plain",
+    __file__,
+    ["test_console_script_on_a_machine_without_rocm"],
+    lambda env: harness.run_console("plan", "--json", env=env),
+    seconds=12,
 )
 
 

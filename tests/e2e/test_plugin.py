@@ -9,7 +9,6 @@ the kernel library are stand-ins."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -100,6 +99,8 @@ PROBE = textwrap.dedent("""
         sys.stdout.flush()
         pid = os.fork()
         if pid == 0:
+            import signal
+            signal.alarm(300)  # a hung case dies instead of outliving the run
             code = 0
             try:
                 print("RESULT " + name + " " + json.dumps(run(case)), flush=True)
@@ -132,7 +133,9 @@ CASES: dict[str, tuple[dict[str, str], dict[str, bool]]] = {
 }
 
 
-def _run_group(gpu: bool, aiter: bool, names: list[str]) -> subprocess.CompletedProcess[str]:
+def _run_group(
+    gpu: bool, aiter: bool, names: list[str], base_env: dict[str, str]
+) -> subprocess.CompletedProcess[str]:
     cases = {
         name: {
             "env": CASES[name][0],
@@ -143,16 +146,9 @@ def _run_group(gpu: bool, aiter: bool, names: list[str]) -> subprocess.Completed
     }
     script = PROBE.format(tests=str(TESTS), gpu=gpu, aiter=aiter, cases=json.dumps(cases))
     env = {
-        k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "ASM_DECODE_TEST_NOOP"))
+        k: v for k, v in base_env.items() if not k.startswith(("VLLM_", "ASM_DECODE_TEST_NOOP"))
     } | background.ONE_THREAD
-    return subprocess.run(
-        [sys.executable, "-c", script],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-        cwd=str(TESTS),
-    )
+    return background.run([sys.executable, "-c", script], env, cwd=str(TESTS), timeout=900)
 
 
 def _groups() -> dict[tuple[bool, bool], list[str]]:
@@ -164,11 +160,22 @@ def _groups() -> dict[tuple[bool, bool], list[str]]:
     return groups
 
 
+#: The tests that read the probes.
+PROBE_TESTS = (
+    "test_registers_on_rocm_with_aiter_and_changes_only_rocm_attn",
+    "test_vllms_own_plugin_loader_runs_it_and_loads_no_tool",
+    "test_vllm_plugins_allow_list_can_leave_it_out",
+    "test_switches_keep_stock_rocm_attn_and_every_batch_on_hip",
+    "test_not_rocm_registers_nothing",
+    "test_a_bad_setting_where_the_plugin_cannot_act_stops_nothing",
+    "test_bad_setting_is_a_startup_error_naming_it",
+)
 for _key, _names in _groups().items():  # each environment's process runs in the background
     background.declare(
         f"plugin-probes-{_key}",
         __file__,
-        lambda key=_key, names=_names: _run_group(*key, names),
+        PROBE_TESTS,
+        lambda env, key=_key, names=_names: _run_group(*key, names, env),
         seconds=3 * len(_names) + 8,  # a vLLM import, then a few seconds a case
     )
 

@@ -74,14 +74,19 @@ def test_seeds_may_start_at_zero_as_documented():
     assert choices.seeds("0,1,2") == [0, 1, 2]
 
 
-def test_a_directory_wins_over_a_preset_of_the_same_name(tmp_path, monkeypatch):
+def test_a_model_directory_wins_over_a_preset_of_the_same_name(tmp_path, monkeypatch):
     import harness
 
     harness.write_model_dir(tmp_path / "qwen3-8b", num_heads=16, num_kv_heads=4)
+    (tmp_path / "qwen3-14b-fp8").mkdir()  # a stray directory without config.json
+    (tmp_path / "llama-3.1-8b-instruct").write_text("a file")
     monkeypatch.chdir(tmp_path)
     path, label = choices.resolve_model_dir("qwen3-8b")
-    assert path == tmp_path / "qwen3-8b" or path.resolve() == (tmp_path / "qwen3-8b")
-    assert not label.startswith("preset")
+    assert path.resolve() == tmp_path / "qwen3-8b" and not label.startswith("preset")
+    for preset in ("qwen3-14b-fp8", "llama-3.1-8b-instruct"):  # no model there: the preset
+        assert choices.resolve_model_dir(preset)[1] == f"preset {preset}"
+    with pytest.raises(choices.InputError, match="cannot read"):
+        choices.resolve_model_dir("./qwen3-14b-fp8")  # written as a path: a path
 
 
 def test_serve_args_that_look_like_options_are_accepted():

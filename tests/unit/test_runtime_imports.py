@@ -25,6 +25,11 @@ def imported_modules(path: Path) -> set[str]:
                 found.update(f"{base}.{alias.name}" for alias in node.names)
             else:
                 found.add(node.module or "")
+                found.update(f"{node.module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            # a dotted path imported later (importlib, vLLM's registry)
+            if node.value.startswith("vllm_rocm_asm_decode."):
+                found.add(node.value)
     return found
 
 
@@ -36,8 +41,15 @@ def test_no_runtime_module_imports_a_tool():
         assert not tools, f"{path.name} imports {tools}"
 
 
-def test_the_scan_sees_a_tool_import_inside_a_function(tmp_path):
-    """Control: the scan above would catch a lazy import of a tool."""
+def test_the_scan_sees_every_way_to_import_a_tool(tmp_path):
+    """Control: the scan above would catch a lazy, an absolute or a by-name import."""
     sample = tmp_path / "sample.py"
-    sample.write_text("def f():\n    from .tools.plan import make_plan\n    return make_plan\n")
-    assert "vllm_rocm_asm_decode.tools.plan" in imported_modules(sample)
+    sample.write_text(
+        "def f():\n    from .tools.plan import make_plan\n    return make_plan\n"
+        "def g():\n    from vllm_rocm_asm_decode import tools\n    return tools\n"
+        "PATH = 'vllm_rocm_asm_decode.tools.doctor.run'\n"
+    )
+    found = imported_modules(sample)
+    assert "vllm_rocm_asm_decode.tools.plan" in found
+    assert "vllm_rocm_asm_decode.tools" in found
+    assert "vllm_rocm_asm_decode.tools.doctor.run" in found

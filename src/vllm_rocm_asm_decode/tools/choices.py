@@ -61,11 +61,18 @@ def presets() -> list[str]:
 
 
 def resolve_model_dir(model: str) -> tuple[Path, str]:
-    """A local directory with a ``config.json`` that names its head count, or a preset
-    (a directory of the same name wins: it is what the user pointed at)."""
+    """A local directory with a ``config.json`` that names its head count, or a preset.
+
+    A name that is both a preset and a directory with a ``config.json`` here is the
+    directory (what the user pointed at); anything written as a path (``/``, ``.``,
+    ``~``) is always a path.
+    """
     path = Path(model).expanduser()
     if not model.strip():
         raise InputError("--model is empty; give a preset or a local model directory")
+    as_path = model.startswith((os.sep, ".", "~")) or os.sep in model
+    if model in presets() and not (path / "config.json").is_file() and not as_path:
+        return PRESETS_DIR / model, f"preset {model}"
     if path.is_dir():
         config = path / "config.json"
         try:
@@ -80,8 +87,6 @@ def resolve_model_dir(model: str) -> tuple[Path, str]:
         return path, str(path)
     if path.exists():
         raise InputError(f"--model {model} is a file; give the model's directory (config.json)")
-    if model in presets():
-        return PRESETS_DIR / model, f"preset {model}"
     if model.startswith((os.sep, ".", "~")):
         raise InputError(f"model directory {model} does not exist")
     if "/" in model:

@@ -22,7 +22,12 @@ PROG = "vllm-rocm-asm-decode"
 
 
 class _Parser(argparse.ArgumentParser):
-    """Usage errors as one line on stderr, exit status 2."""
+    """Usage errors as one line on stderr, exit status 2; no abbreviated options (an
+    abbreviation would slip past the ``--serve-arg`` handling)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> None:  # type: ignore[override]
         self.exit(2, f"{self.prog}: error: {message}\n")
