@@ -423,13 +423,26 @@ def test_vllms_config_error_keeps_the_line_that_says_what_is_wrong(capsys):
     assert main(["plan", "--max-model-len", "999999"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "User-specified max_model_len (999999)" in err[0], err
-    assert "validation error" not in err[0]
+    assert "validation error" not in err[0] and "VLLM_ALLOW_LONG_MAX_MODEL_LEN" not in err[0]
 
 
-def test_plan_applies_the_switch_as_vllm_would(monkeypatch):
-    monkeypatch.setenv("VLLM_ROCM_ASM_DECODE", "0")
+@pytest.mark.parametrize(
+    ("env", "reason"),
+    [
+        ({"VLLM_ROCM_ASM_DECODE": "0"}, "VLLM_ROCM_ASM_DECODE=0 (the asm decode is off)"),
+        ({"VLLM_ROCM_USE_AITER_MHA": "0"}, "VLLM_ROCM_USE_AITER_MHA=0 (the asm decode is off)"),
+        ({"VLLM_ROCM_USE_AITER": "0"}, "VLLM_ROCM_USE_AITER=0 (the asm decode is off)"),
+        ({"VLLM_PLUGINS": "x"}, "VLLM_PLUGINS='x' leaves the plugin out"),
+    ],
+    ids=["switch", "mha", "aiter", "plugins"],
+)
+def test_plan_applies_the_switches_as_vllm_would(env, reason, monkeypatch):
+    for key in ("VLLM_ROCM_USE_AITER", "VLLM_ROCM_USE_AITER_MHA", "VLLM_PLUGINS"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
     plan = make_plan(gpu="mi355x")
-    assert not plan.eligible and plan.reasons == ["VLLM_ROCM_ASM_DECODE=0 (the asm decode is off)"]
+    assert not plan.eligible and plan.reasons == [reason]
     assert all(b["kernel"] == "hip" for b in plan.batches)
 
 

@@ -48,6 +48,22 @@ CASES = {
         ["bench", "serve", "--model", "m", "--vllm", STAND_IN_VLLM, "--host", "no.such.invalid"],
         "--host no.such.invalid does not resolve",
     ),
+    "passkey-url": (["check", "passkey", "--model", "m", "--base-url", "x"], "not an http(s) URL"),
+    "passkey-timeout-inf": (
+        ["check", "passkey", "--model", "m", "--timeout", "inf"],
+        "must be a finite number above 0",
+    ),
+    "passkey-lengths": (["check", "passkey", "--model", "m", "--lengths", "200000000"], "at most"),
+    "passkey-model-empty": (["check", "passkey", "--model", ""], "must not be empty"),
+    "huge-seed": (["check", "accuracy", "--seeds", "99999999999999999999"], "at most"),
+    "accuracy-json-empty": (["check", "accuracy", "--json", ""], "must not be empty"),
+    "kernel-precision": (["bench", "kernel", "--precision", "fast"], "'fast': use uhp or default"),
+    "kernel-json-unwritable": (["bench", "kernel", "--json", "/no/dir/k.json"], "is not a dir"),
+    "serve-model-empty": (["bench", "serve", "--model", ""], "must not be empty"),
+    "serve-plot-unwritable": (
+        ["bench", "serve", "--model", "m", "--vllm", STAND_IN_VLLM, "--plot", "/no/dir/s.png"],
+        "--plot /no/dir/s.png: /no/dir is not a directory",
+    ),
     "accuracy-json-unwritable": (
         ["check", "accuracy", "--json", "/no/dir/a.json"],
         "--json /no/dir/a.json: /no/dir is not a directory",
@@ -153,5 +169,23 @@ def test_passkey_server_answers_that_are_not_completions(answer, message, monkey
 
     monkeypatch.setattr(passkey.urllib.request, "urlopen", urlopen)
     assert run(["check", "passkey", "--model", "m", "--prompts", "1", "--lengths", "100"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+
+
+@pytest.mark.parametrize(
+    ("var", "value", "message"),
+    [
+        ("VLLM_ROCM_ASM_DECODE_CUT", "-1", "VLLM_ROCM_ASM_DECODE_CUT='-1'"),
+        ("VLLM_ROCM_ASM_DECODE_TRUST_AITER", "2", "VLLM_ROCM_ASM_DECODE_TRUST_AITER='2'"),
+        ("VLLM_PLUGINS", "x", "leaves out rocm_asm_decode"),
+    ],
+    ids=["cut", "trust", "plugins"],
+)
+def test_bench_serve_refuses_an_environment_that_would_stop_or_skip_the_plugin(
+    var, value, message, monkeypatch, capsys
+):
+    monkeypatch.setenv(var, value)
+    assert run(["bench", "serve", "--model", "m", "--vllm", STAND_IN_VLLM]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err

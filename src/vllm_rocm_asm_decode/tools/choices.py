@@ -123,8 +123,8 @@ def positive_float(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text} must be above 0")
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text} must be a finite number above 0")
     return value
 
 
@@ -166,11 +166,29 @@ def positive_ints(text: str) -> list[int]:
 
 
 def seeds(text: str) -> list[int]:
-    return int_list(text, minimum=0)
+    return int_list(text, minimum=0, maximum=2**32 - 1)
 
 
 def contexts(text: str) -> list[int]:
     return int_list(text, maximum=MAX_CONTEXT)
+
+
+def nonempty(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must not be empty")
+    return text
+
+
+def http_url(text: str) -> str:
+    if not text.startswith(("http://", "https://")):
+        raise argparse.ArgumentTypeError(f"{text!r} is not an http(s) URL")
+    return text.rstrip("/")
+
+
+def precision(text: str) -> str:
+    if text not in ("uhp", "default"):
+        raise argparse.ArgumentTypeError(f"{text!r}: use uhp or default")
+    return text
 
 
 def layouts(text: str) -> list[tuple[int, int]]:

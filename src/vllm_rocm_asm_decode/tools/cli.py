@@ -179,7 +179,7 @@ def _add_bench_serve(bench) -> None:
         "A/B serving benchmark: baseline vs asm decode, fresh server per arm",
         "validation.serve_bench",
     )
-    p.add_argument("--model", required=True, help="what vllm serve serves")
+    p.add_argument("--model", required=True, type=choices.nonempty, help="what vllm serve serves")
     p.add_argument(
         "--baseline",
         default="plugin-off",
@@ -246,8 +246,15 @@ def _add_bench_serve(bench) -> None:
         help="extra argument for vllm serve (repeatable; --serve-arg --enforce-eager works, "
         "as does --serve-arg=--enforce-eager)",
     )
-    p.add_argument("--json", metavar="PATH", help="write all runs and the summary as JSON")
-    p.add_argument("--plot", metavar="PATH", help="write a PNG of tok/s per concurrency")
+    p.add_argument(
+        "--json",
+        type=choices.nonempty,
+        metavar="PATH",
+        help="write all runs and the summary as JSON",
+    )
+    p.add_argument(
+        "--plot", type=choices.nonempty, metavar="PATH", help="write a PNG of tok/s per concurrency"
+    )
 
 
 def _add_bench_kernel(bench) -> None:
@@ -271,6 +278,7 @@ def _add_bench_kernel(bench) -> None:
     )
     p.add_argument(
         "--precision",
+        type=choices.precision,
         default="uhp",
         metavar="uhp|default",
         help="asm precision: uhp = high_precision=2 as shipped (default); "
@@ -285,8 +293,12 @@ def _add_bench_kernel(bench) -> None:
     p.add_argument(
         "--iters", type=choices.positive_int, default=100, help="graph replays per timing"
     )
-    p.add_argument("--json", metavar="PATH", help="write the raw numbers as JSON")
-    p.add_argument("--plot", metavar="PATH", help="write a PNG of µs vs sequences")
+    p.add_argument(
+        "--json", type=choices.nonempty, metavar="PATH", help="write the raw numbers as JSON"
+    )
+    p.add_argument(
+        "--plot", type=choices.nonempty, metavar="PATH", help="write a PNG of µs vs sequences"
+    )
 
 
 def _add_check_passkey(check) -> None:
@@ -296,11 +308,11 @@ def _add_check_passkey(check) -> None:
         "long-context passkey retrieval against a running server",
         "validation.passkey",
     )
-    p.add_argument("--model", required=True, help="the served model name")
-    p.add_argument("--base-url", default="http://127.0.0.1:8000")
+    p.add_argument("--model", required=True, type=choices.nonempty, help="the served model name")
+    p.add_argument("--base-url", type=choices.http_url, default="http://127.0.0.1:8000")
     p.add_argument(
         "--lengths",
-        type=choices.positive_ints,
+        type=choices.contexts,
         default=[3000, 8000, 16000, 32000],
         metavar="N,...",
         help="target prompt lengths in tokens (default 3000,8000,16000,32000)",
@@ -333,7 +345,9 @@ def _add_check_accuracy(check) -> None:
     p.add_argument(
         "--seeds", type=choices.seeds, default=None, metavar="N,...", help="seeds (default 0,1,2)"
     )
-    p.add_argument("--json", metavar="PATH", help="write every measurement as JSON")
+    p.add_argument(
+        "--json", type=choices.nonempty, metavar="PATH", help="write every measurement as JSON"
+    )
 
 
 def _plan(args: argparse.Namespace) -> int:
@@ -382,6 +396,10 @@ def _bench_serve(args: argparse.Namespace) -> int:
         problem = f"--result-dir {args.result_dir} is a file"
     elif args.json and (why := _unwritable(args.json)):
         problem = f"--json {args.json}: {why}"
+    elif args.plot and (why := _unwritable(args.plot)):
+        problem = f"--plot {args.plot}: {why}"
+    elif bad := _plugin_settings_problem():
+        problem = bad
     else:
         try:
             socket.getaddrinfo(args.host, args.port)
@@ -408,13 +426,19 @@ def _bench_serve(args: argparse.Namespace) -> int:
     sb.flag_outliers(outcome.results)
     rows = sb.summarize(outcome.results, cfg.baseline)
     print(sb.render(rows, outcome.results, cfg.baseline, cfg.model, outcome.arms))
-    if args.json:
-        data = outcome.to_json() | {"summary": [vars(r) for r in rows]}
-        Path(args.json).write_text(json.dumps(data, indent=2))
-    if args.plot and rows:
-        from .validation.plots import plot_serve
+    try:
+        if args.json:
+            data = outcome.to_json() | {"summary": [vars(r) for r in rows]}
+            Path(args.json).write_text(json.dumps(data, indent=2))
+        if args.plot and rows:
+            from .validation.plots import plot_serve
 
-        plot_serve(rows, cfg.baseline, cfg.model, args.plot)
+            plot_serve(rows, cfg.baseline, cfg.model, args.plot)
+    except OSError as exc:  # the path went away during the run
+        print(
+            f"{PROG} bench serve: error: {exc} (results kept in {cfg.result_dir})", file=sys.stderr
+        )
+        return 1
     if outcome.error:
         print(
             f"{PROG} bench serve: error: {outcome.error} (results so far kept in {cfg.result_dir})",
@@ -446,6 +470,20 @@ def _doctor(args: argparse.Namespace) -> int:
         return 1
     print(json.dumps(report.to_json(), indent=2) if args.json else render(report))
     return report.exit_code
+
+
+def _plugin_settings_problem() -> str | None:
+    """What in this environment would stop both arms' servers, or keep the plugin out of
+    the candidate's (``bench serve`` sets ``VLLM_ROCM_ASM_DECODE`` per arm itself)."""
+    from .. import settings
+
+    bad = [p for p in settings.problems() if not p.startswith(f"{settings.SWITCH_ENV}=")]
+    if bad:
+        return "; ".join(bad)
+    plugins = os.environ.get("VLLM_PLUGINS")
+    if plugins is not None and "rocm_asm_decode" not in plugins.split(","):
+        return f"VLLM_PLUGINS={plugins!r} leaves out rocm_asm_decode: no arm would run the plugin"
+    return None
 
 
 def _unwritable(path: str) -> str | None:
@@ -502,6 +540,11 @@ def main(argv: list[str] | None = None) -> int:
         return _bench_serve(args)
     if args.command == "bench" and args.bench == "kernel":
         from .validation.kernel_bench import main as bench_kernel
+
+        for option, path in (("--json", args.json), ("--plot", args.plot)):
+            if path and (problem := _unwritable(path)):
+                print(f"{PROG} bench kernel: error: {option} {path}: {problem}", file=sys.stderr)
+                return 2
 
         return bench_kernel(args)
     if args.command == "check" and args.check == "passkey":

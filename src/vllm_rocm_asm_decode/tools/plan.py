@@ -131,7 +131,7 @@ def _model_config(model_dir: Path, dtype: str, max_model_len: int | None):
             max_model_len=max_model_len,
         )
     except Exception as exc:  # vLLM's own validation errors, unreadable configs
-        raise PlanError(f"vLLM cannot read {model_dir}/config.json: {_what_is_wrong(exc)}") from exc
+        raise PlanError(f"vLLM refuses {model_dir}: {_what_is_wrong(exc)}") from exc
 
 
 def _what_is_wrong(exc: BaseException) -> str:
@@ -140,7 +140,8 @@ def _what_is_wrong(exc: BaseException) -> str:
     lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
     for line in lines:
         if line.startswith(("Value error,", "Assertion failed,")):
-            return line.split(",", 1)[1].split(" [type=")[0].strip()
+            reason = line.split(",", 1)[1].split(" [type=")[0].strip()
+            return reason.split(". ")[0]  # the first sentence says it; the rest advises
     meaningful = [line for line in lines if "validation error" not in line]
     return (meaningful or lines or [type(exc).__name__])[0]
 
@@ -273,6 +274,22 @@ def checkpoint_scales(model_dir: Path, label: str, model_config, num_layers: int
     return layer_scales(found, num_layers), "checkpoint"
 
 
+def switched_off() -> str | None:
+    """Why the environment ``plan`` runs in turns the asm decode off, as vLLM would read
+    it; None when it does not. ``VLLM_ROCM_USE_AITER`` counts only when set to a false
+    value: ``plan`` describes a deployment that sets it (the plugin needs it)."""
+    if not settings.asm_decode_switch():
+        return f"{settings.SWITCH_ENV}=0 (the asm decode is off)"
+    plugins = os.environ.get("VLLM_PLUGINS")
+    if plugins is not None and "rocm_asm_decode" not in plugins.split(","):
+        return f"VLLM_PLUGINS={plugins!r} leaves the plugin out"
+    for name, default in (("VLLM_ROCM_USE_AITER", None), ("VLLM_ROCM_USE_AITER_MHA", "1")):
+        value = os.environ.get(name, default)
+        if value is not None and value.strip().lower() not in ("1", "true"):
+            return f"{name}={value} (the asm decode is off)"
+    return None
+
+
 def parse_aiter_version(text: str) -> str | None:
     """``--aiter-version``: a PEP 440 version, or ``unknown`` (None)."""
     from packaging.version import InvalidVersion, Version
@@ -335,8 +352,8 @@ def make_plan(
     scales, scales_source = checkpoint_scales(model_dir, label, model_config, len(facts))
     table = kernel_table_for(the_gpu.arch)
     per_layer = [rejection_reasons(f, table, aiter) for f in facts]
-    if not settings.asm_decode_switch():  # as the plugin reads it in vLLM
-        per_layer = [[*r, f"{settings.SWITCH_ENV}=0 (the asm decode is off)"] for r in per_layer]
+    if off := switched_off():  # as vLLM would read the environment plan runs in
+        per_layer = [[*r, off] for r in per_layer]
     eligible = [not r for r in per_layer]
     groups: dict[tuple[str, ...], list[int]] = {}
     for i, reasons in enumerate(per_layer):

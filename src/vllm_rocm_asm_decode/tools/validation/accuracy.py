@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -269,5 +270,11 @@ def main(args: argparse.Namespace) -> int:
             print(f"{check.name}: {'ok' if check.ok else 'FAILED'}: {check.detail}")
     if args.json:
         data = {"rows": [asdict(r) for r in rows], "probes": [asdict(c) for c in probes]}
-        Path(args.json).write_text(json.dumps(data, indent=2))
+        try:
+            Path(args.json).write_text(json.dumps(data, indent=2))
+        except OSError as exc:
+            print(
+                f"{PROG}: error: cannot write {args.json}: {exc.strerror or exc}", file=sys.stderr
+            )
+            return 1
     return 1 if over or not all(c.ok for c in probes) else 0
