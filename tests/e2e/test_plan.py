@@ -16,6 +16,16 @@ from vllm_rocm_asm_decode.tools.plan import make_plan
 SESSION_GPU = {"gfx950": "mi355x", "gfx942": "mi300x"}[ARCH]
 
 
+def assert_one_line_exit_2(argv, message, capsys):
+    try:
+        code = main(argv)
+    except SystemExit as exc:  # argparse's own usage errors
+        code = exc.code
+    assert code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+
+
 def asm_sizes(plan):
     return [b["num_seqs"] for b in plan.batches if b["kernel"] == "asm"]
 
@@ -180,13 +190,7 @@ def test_plan_equals_the_backends_own_decision(tmp_path, model, heads, kvh):
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args, message, capsys):
-    try:
-        code = main(["plan", *args])
-    except SystemExit as exc:  # argparse's own usage errors
-        code = exc.code
-    assert code == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and message in err[0]
+    assert_one_line_exit_2(["plan", *args], message, capsys)
 
 
 def test_config_without_attention_fields(tmp_path, capsys):
@@ -336,13 +340,7 @@ def test_plan_text_names_tables_scales_and_the_aiter_clause(tmp_path, capsys, mo
 def test_bad_new_input_is_one_line_and_exit_2(args, env, message, monkeypatch, capsys):
     for key, value in env.items():
         monkeypatch.setenv(key, value)
-    try:
-        code = main(["plan", *args])
-    except SystemExit as exc:  # argparse's own usage errors
-        code = exc.code
-    assert code == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and message in err[0], err
+    assert_one_line_exit_2(["plan", *args], message, capsys)
 
 
 def test_corrupt_checkpoint_is_one_line(tmp_path, capsys):
