@@ -48,7 +48,29 @@ PROBE = textwrap.dedent("""
                 out[m.name] = None
         return out
 
+    def watch_runtime_imports():
+        # Every import a runtime module (package root) makes of a tool module, loaded
+        # already or not: the import statement itself is recorded.
+        import builtins, importlib.util
+        real = builtins.__import__
+        crossings = []
+        def spy(name, globals=None, locals=None, fromlist=(), level=0):
+            importer = (globals or {{}}).get("__name__") or ""
+            runtime = importer.startswith("vllm_rocm_asm_decode") and ".tools" not in importer
+            if runtime:
+                target = name
+                if level:
+                    package = (globals or {{}}).get("__package__") or importer
+                    target = importlib.util.resolve_name("." * level + name, package)
+                names = [target, *(f"{{target}}.{{f}}" for f in fromlist or ())]
+                if any(n.startswith("vllm_rocm_asm_decode.tools") for n in names):
+                    crossings.append([importer, target])
+            return real(name, globals, locals, fromlist, level)
+        builtins.__import__ = spy
+        return crossings
+
     def run(case):
+        crossings = watch_runtime_imports()
         os.environ.update(case["env"])
         rocm_aiter_ops.refresh_env_variables()
         records = []
@@ -93,6 +115,7 @@ PROBE = textwrap.dedent("""
             result["backend"] = f"{{model.backend.__module__}}.{{model.backend.__name__}}"
             result["asm_calls"] = len(harness.asm_calls())
             result["hip_calls"] = log.hip_decode
+        result["runtime_imported_tools"] = crossings
         return result
 
     for name, case in json.loads({cases!r}).items():
@@ -211,6 +234,9 @@ def test_entry_point_is_installed():
 
 def test_registers_on_rocm_with_aiter_and_changes_only_rocm_attn(probes):
     r = probe(probes, "registers")
+    # The plugin registered and a layer ran (asm): no runtime module imported a tool on
+    # the way (the test bed and stand-ins do, as tools; they are not the runtime).
+    assert r["runtime_imported_tools"] == []
     assert r["error"] is None and r["rocm_attn"] == PLUGIN
     assert r["changed"] == ["ROCM_ATTN"]  # ROCM_AITER_FA, UNIFIED, SEGMENTED untouched
     assert r["stock_aiter_fa"] == STOCK["ROCM_AITER_FA"]
