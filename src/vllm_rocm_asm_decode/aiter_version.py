@@ -1,5 +1,5 @@
-"""What the installed AITER proves about itself: its version, and whether its asm kernels
-read every KV block of a large cache right.
+"""What the installed AITER proves about itself: its version, and whether its asm
+kernels read every KV block of a large cache right.
 
 AITER releases before 0.1.17 misaddress high KV blocks in every asm paged-attention
 kernel (AITER issue 3062, fixed by PR 3211, first released in v0.1.17): a block-table
@@ -28,8 +28,8 @@ from packaging.version import InvalidVersion, Version
 DISTRIBUTION = "amd-aiter"
 #: First AITER release whose asm kernels read block ids >= 65536 right.
 FIRST_FIXED = "0.1.17"
-#: Block ids from here on are misread by older AITERs (a 16-bit block id): a cache of more
-#: blocks than this can hand the kernel such an id.
+#: Block ids from here on are misread by older AITERs (a 16-bit block id): a cache of
+#: more blocks than this can hand the kernel such an id.
 BLOCK_ID_LIMIT = 65536
 #: Byte offsets from here on are misread by older AITERs (a signed 32-bit offset).
 OFFSET_LIMIT = 2**31
@@ -64,8 +64,8 @@ def version_sources() -> tuple[str | None, str | None]:
 
 def installed_version() -> str | None:
     """The installed AITER's version: the distribution metadata, else
-    ``aiter._version``, else None (unknown). Where both parse and differ (the metadata of
-    one install, the imported package of another), the older of the two."""
+    ``aiter._version``, else None (unknown). Where both parse and differ (the metadata
+    of one install, the imported package of another), the older of the two."""
     from_metadata, from_module = version_sources()
     if from_metadata and from_module and from_metadata != from_module:
         try:
@@ -106,12 +106,15 @@ class AiterBuild:
 
     @property
     def reads_high_block_ids(self) -> bool:
-        """Whether a cache of more than :func:`safe_blocks` blocks may use the kernel."""
+        """Whether a cache of more than :func:`safe_blocks` blocks may use the
+        kernel."""
         return self.trusted or self.block_id_fix is True
 
-    def block_id_problem(self, num_blocks: int, page_bytes: int | None = None) -> str | None:
-        """Why a cache of ``num_blocks`` blocks of ``page_bytes`` must keep the HIP decode;
-        None if it need not."""
+    def block_id_problem(
+        self, num_blocks: int, page_bytes: int | None = None
+    ) -> str | None:
+        """Why a cache of ``num_blocks`` blocks of ``page_bytes`` must keep the HIP
+        decode; None if it need not."""
         limit = safe_blocks(page_bytes)
         if num_blocks <= limit or self.reads_high_block_ids:
             return None

@@ -27,24 +27,23 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from . import settings
-
 
 def default_cut(compute_units: int) -> int:
     """Query heads above which the asm kernel fills the GPU: two per compute unit."""
     return 2 * compute_units
 
 
-def resolve_cut(compute_units: int) -> int:
-    """``VLLM_ROCM_ASM_DECODE_CUT`` when set, else :func:`default_cut`."""
-    override = settings.cut_override()
+def resolve_cut(compute_units: int, override: int | None = None) -> int:
+    """``override`` (``VLLM_ROCM_ASM_DECODE_CUT``) when set, else
+    :func:`default_cut`."""
     return override if override is not None else default_cut(compute_units)
 
 
-def describe_cut(compute_units: int) -> str:
-    """Where the cut comes from, for logs and ``plan``."""
-    if settings.cut_override() is not None:
-        return f"set by {settings.CUT_ENV}"
+def describe_cut(compute_units: int, override_source: str | None = None) -> str:
+    """Where the cut comes from, for logs and ``plan``: ``override_source`` (the setting
+    that overrode it) or the compute units."""
+    if override_source is not None:
+        return f"set by {override_source}"
     return f"2 x {compute_units} CUs"
 
 

@@ -22,11 +22,14 @@ ASM_HEAD_SIZE = 128
 #: are both byte for byte AITER's shuffled V, so no relayout is needed either way; at
 #: any other block size or element width the plain V page is not, and is refused here.
 ASM_BLOCK_SIZE = 16
-#: Longest model context the replaced HIP kernel serves (``use_rocm_custom_paged_attention``).
+#: Longest model context the replaced HIP kernel serves
+#: (``use_rocm_custom_paged_attention``).
 MAX_MODEL_LEN = 131072
-#: Longest context validated on hardware (passkey retrieval); longer ones are unvalidated.
+#: Longest context validated on hardware (passkey retrieval); longer ones are
+#: unvalidated.
 VALIDATED_CONTEXT = 32768
-#: KV cache dtypes stored as the platform's e4m3 (``fp8_e5m2`` would be misread as e4m3).
+#: KV cache dtypes stored as the platform's e4m3 (``fp8_e5m2`` would be misread as
+#: e4m3).
 E4M3_CACHE_DTYPES = ("fp8", "fp8_e4m3")
 #: Relative tolerance for the softmax scale: Llama/Qwen3 pass ``128 ** -0.5``, which
 #: differs from the launcher's ``1 / sqrt(128)`` in the last bit.
@@ -63,13 +66,17 @@ def hardcoded_softmax_scale(head_size: int) -> float:
     return float(torch.tensor(1.0 / math.sqrt(head_size), dtype=torch.float32))
 
 
-def rejection_reasons(facts: LayerFacts, kernels: KernelTable, aiter: AiterBuild) -> list[str]:
+def rejection_reasons(
+    facts: LayerFacts, kernels: KernelTable, aiter: AiterBuild
+) -> list[str]:
     """Why this layer cannot run the asm decode; empty when it can."""
     f = facts
     reasons: list[str] = []
     # The ultra-precision kernels read an fp8 e4m3 cache.
     if f.kv_cache_dtype not in E4M3_CACHE_DTYPES:
-        reasons.append(f"{f.kv_cache_dtype} KV cache (the asm decode reads fp8 e4m3 only)")
+        reasons.append(
+            f"{f.kv_cache_dtype} KV cache (the asm decode reads fp8 e4m3 only)"
+        )
     # Launcher: AITER_CHECK(head_size == 128).
     if f.head_size != ASM_HEAD_SIZE:
         reasons.append(f"head size {f.head_size} (the asm kernel takes 128 only)")
@@ -96,10 +103,15 @@ def rejection_reasons(facts: LayerFacts, kernels: KernelTable, aiter: AiterBuild
             high_precision=ULTRA_PRECISION,
         )
         if row is None:
-            reasons.append(f"GQA {gqa} has no ultra-precision asm kernel on {kernels.arch}")
+            reasons.append(
+                f"GQA {gqa} has no ultra-precision asm kernel on {kernels.arch}"
+            )
         elif (missing := kernels.missing_file(row)) is not None:
-            # Launcher: loads the row's .co file at the first call -> hard error if absent.
-            reasons.append(f"kernel file {missing} not installed (listed in pa_asm.csv)")
+            # Launcher: loads the row's .co file at the first call -> hard error if
+            # absent.
+            reasons.append(
+                f"kernel file {missing} not installed (listed in pa_asm.csv)"
+            )
     # Launcher: the softmax scale is hardcoded to 1/sqrt(head_size).
     expected = hardcoded_softmax_scale(f.head_size)
     if not math.isclose(f.scale, expected, rel_tol=SCALE_RTOL):

@@ -1,9 +1,10 @@
-"""The boundary to AITER: find ``aiter.pa_fwd_asm``, check its signature, know its kernels.
+"""The boundary to AITER: whether it is there and on, find ``aiter.pa_fwd_asm``, check
+its signature, know its kernels.
 
 Loaded once per worker process, at the first metadata build after the KV cache is
-bound (never in ``register()``, which runs in every vLLM process). The plugin calls
-``aiter.pa_fwd_asm`` itself, by keyword: vLLM 0.33's ``rocm_aiter_ops.pa_fwd_asm``
-wrapper does not pass ``high_precision``.
+bound. The kernel is called by keyword with ``high_precision``: through vLLM's
+``rocm_aiter_ops.pa_fwd_asm`` where that wrapper takes ``high_precision``, else (vLLM
+0.33's wrapper does not pass it) through ``aiter.pa_fwd_asm`` itself.
 """
 
 from __future__ import annotations
@@ -13,12 +14,31 @@ import inspect
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from importlib.util import find_spec
 
 import torch
 
-from . import settings
 from .aiter_version import AiterBuild
 from .kernel_table import KernelTable, load_table, normalize_arch
+
+
+def unavailable_reason() -> str | None:
+    """Why the asm decode cannot run in this process at all (not ROCm, no AITER, AITER
+    or its MHA switched off); None when it can. Cheap: imports no kernel."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_rocm():
+        return "not ROCm"
+    if find_spec("aiter") is None:
+        return "the aiter package is not installed"
+    from vllm._aiter_ops import rocm_aiter_ops
+
+    if not rocm_aiter_ops.is_enabled():
+        return "AITER is off (set VLLM_ROCM_USE_AITER=1) or not supported on this GPU"
+    if not rocm_aiter_ops.is_mha_enabled():
+        return "VLLM_ROCM_USE_AITER_MHA=0"
+    return None
+
 
 #: Keywords the call passes. AITER releases before ``block_tables_stride0`` took a
 #: positional ``max_num_blocks`` there and had no ``high_precision``.
@@ -77,7 +97,8 @@ def asm_dir() -> str | None:
 
 
 def signature_problem(fn: Callable[..., object]) -> str | None:
-    """Why ``fn`` cannot be called as this plugin calls ``pa_fwd_asm``; None if it can."""
+    """Why ``fn`` cannot be called as the asm decode calls ``pa_fwd_asm``; None if it
+    can."""
     try:
         params = inspect.signature(fn).parameters
     except (TypeError, ValueError):
@@ -91,9 +112,22 @@ def signature_problem(fn: Callable[..., object]) -> str | None:
     return None
 
 
+def _takes_high_precision(fn: Callable[..., object]) -> bool:
+    try:
+        return "high_precision" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
 @functools.cache
-def load_asm_kernel(arch: str) -> tuple[AsmKernel | None, str | None]:
-    """``(kernel, None)``, or ``(None, why not)``. Cached for the process."""
+def load_asm_kernel(
+    arch: str, trust_aiter: bool = False
+) -> tuple[AsmKernel | None, str | None]:
+    """``(kernel, None)``, or ``(None, why not)``. Cached for the process.
+
+    ``trust_aiter``: take the installed AITER as reading every KV block right whatever
+    its version says (see :mod:`.aiter_version`).
+    """
     try:
         import aiter
     except Exception as exc:  # any import failure means: stay on HIP, say why
@@ -104,6 +138,10 @@ def load_asm_kernel(arch: str) -> tuple[AsmKernel | None, str | None]:
     problem = signature_problem(fn)
     if problem is not None:
         return None, problem
+    from vllm._aiter_ops import rocm_aiter_ops
+
+    if _takes_high_precision(rocm_aiter_ops.pa_fwd_asm):
+        fn = rocm_aiter_ops.pa_fwd_asm
     table, note = load_table(asm_dir(), arch)
-    aiter_build = AiterBuild.installed(trusted=settings.trust_aiter())
+    aiter_build = AiterBuild.installed(trusted=trust_aiter)
     return AsmKernel(run=fn, table=table, aiter=aiter_build, table_note=note), None

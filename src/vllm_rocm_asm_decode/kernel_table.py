@@ -1,4 +1,5 @@
-"""Which ``pa_fwd_asm`` kernels exist: AITER's kernel table and the launcher's lookup rule.
+"""Which ``pa_fwd_asm`` kernels exist: AITER's kernel table and the launcher's lookup
+rule.
 
 AITER ships one table per GPU architecture, ``hsa/<gfx>/pa/pa_asm.csv``, installed as
 ``$AITER_ASM_DIR/<gfx>/pa/pa_asm.csv``. The C++ launcher compiles a copy of it in and
@@ -63,14 +64,16 @@ class KernelRow:
 
 @dataclass(frozen=True)
 class KernelTable:
-    """The ``pa_fwd_asm`` kernels of one architecture, and where that knowledge came from."""
+    """The ``pa_fwd_asm`` kernels of one architecture, and where that knowledge came
+    from."""
 
     arch: str
     rows: tuple[KernelRow, ...]
     source: str
     #: The directory the rows' ``.co`` files load from; None for the built-in fallback.
     kernel_dir: str | None = None
-    #: ``co_name`` of every row whose file is not in ``kernel_dir`` (checked once, at load).
+    #: ``co_name`` of every row whose file is not in ``kernel_dir`` (checked once, at
+    #: load).
     missing_files: frozenset[str] = frozenset()
 
     def missing_file(self, row: KernelRow) -> str | None:
@@ -117,7 +120,8 @@ class KernelTable:
 
 
 def parse_table(lines: Iterable[str]) -> tuple[KernelRow, ...]:
-    """Parse AITER's ``pa_asm.csv`` (header line first). Raises ValueError on a bad row."""
+    """Parse AITER's ``pa_asm.csv`` (header line first). Raises ValueError on a bad
+    row."""
     reader = csv.DictReader(lines)
     rows = []
     for record in reader:
@@ -147,7 +151,8 @@ def table_path(asm_dir: str | os.PathLike[str], arch: str) -> Path:
 
 
 def fallback_table(arch: str) -> KernelTable:
-    """What the shipped gfx942/gfx950 tables hold for this project's kernel; empty elsewhere."""
+    """What the shipped gfx942/gfx950 tables hold for this project's kernel; empty
+    elsewhere."""
     arch = normalize_arch(arch)
     rows: tuple[KernelRow, ...] = ()
     if arch in _FALLBACK_ARCHS:
@@ -155,14 +160,20 @@ def fallback_table(arch: str) -> KernelTable:
             KernelRow(q, "fp8", _FALLBACK_GQA, 0, 0, ULTRA_PRECISION, 16, "built-in")
             for q in ("bf16", "fp16")
         )
-    return KernelTable(arch=arch, rows=rows, source="built-in (GQA <= 8 on gfx942/gfx950)")
+    return KernelTable(
+        arch=arch, rows=rows, source="built-in (GQA <= 8 on gfx942/gfx950)"
+    )
 
 
-def load_table(asm_dir: str | os.PathLike[str] | None, arch: str) -> tuple[KernelTable, str | None]:
-    """The table for ``arch`` under ``asm_dir``, or the built-in fallback and why it was used.
+def load_table(
+    asm_dir: str | os.PathLike[str] | None, arch: str
+) -> tuple[KernelTable, str | None]:
+    """The table for ``arch`` under ``asm_dir``, or the built-in fallback and why it was
+    used.
 
-    The launcher loads a row's kernel from ``co_name`` in the table's directory; rows whose
-    file is absent (an AITER built for other GPUs) are recorded in ``missing_files``.
+    The launcher loads a row's kernel from ``co_name`` in the table's directory; rows
+    whose file is absent (an AITER built for other GPUs) are recorded in
+    ``missing_files``.
     """
     arch = normalize_arch(arch)
     if not arch:
@@ -176,7 +187,9 @@ def load_table(asm_dir: str | os.PathLike[str] | None, arch: str) -> tuple[Kerne
     except (OSError, ValueError) as exc:
         return fallback_table(arch), f"cannot read {path}: {exc}"
     kernel_dir = path.parent
-    missing = frozenset(r.co_name for r in rows if not (kernel_dir / r.co_name).is_file())
+    missing = frozenset(
+        r.co_name for r in rows if not (kernel_dir / r.co_name).is_file()
+    )
     table = KernelTable(
         arch=arch,
         rows=rows,

@@ -17,14 +17,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
-from vllm.v1.attention.backends.rocm_aiter_fa import (
-    AiterFlashAttentionMetadataBuilder,
-    AsmKvScaleTables,
-)
 
 from .log import logger
+
+if TYPE_CHECKING:
+    from vllm.v1.attention.backends.rocm_aiter_fa import AsmKvScaleTables
 
 #: Device memory kept spare below the budget, for the allocator's rounding and
 #: fragmentation and for other processes on the GPU.
@@ -38,6 +38,10 @@ TableKey = tuple[str, int, int, int, float]
 
 def shared_scale_tables() -> AsmKvScaleTables:
     """The process-wide table store (``ROCM_AITER_FA``'s builder's class attribute)."""
+    from vllm.v1.attention.backends.rocm_aiter_fa import (
+        AiterFlashAttentionMetadataBuilder,
+    )
+
     return AiterFlashAttentionMetadataBuilder.asm_kv_scale_tables
 
 
@@ -56,18 +60,21 @@ def table_bytes(key: TableKey) -> int:
     return num_blocks * num_kv_heads * block_size * 4  # fp32
 
 
-def table_memory(device: torch.device, claimed_fraction: float | None = None) -> int | None:
-    """Bytes the tables may take on ``device``, from one ``torch.cuda.mem_get_info``: the
-    free memory, capped to the share vLLM left unclaimed (``1 - gpu_memory_utilization``
-    of the total; the rest of the free memory is headroom vLLM counted on for
-    activations and CUDA graphs). None where the device reports no figure (the CPU)."""
+def table_memory(
+    device: torch.device, claimed_fraction: float | None = None
+) -> int | None:
+    """Bytes the tables may take on ``device``, from one ``torch.cuda.mem_get_info``:
+    the free memory, capped to the share vLLM left unclaimed (``1 -
+    gpu_memory_utilization`` of the total; the rest of the free memory is headroom vLLM
+    counted on for activations and CUDA graphs). None where the device reports no
+    figure (the CPU)."""
     try:
         free, total = torch.cuda.mem_get_info(device)
     except Exception as exc:  # not a GPU device, or no GPU runtime
         if device.type == "cuda":
             logger.warning_once(
-                "ROCM_ATTN asm decode: no free-memory figure for %s (%s); scale tables are "
-                "not budgeted",
+                "ROCM_ATTN asm decode: no free-memory figure for %s (%s); scale tables "
+                "are not budgeted",
                 device,
                 exc,
             )
@@ -103,9 +110,9 @@ def fit_tables(
 ) -> TableBudget:
     """Budget each layer's (K, V) tables, in order, against ``free - margin`` bytes.
 
-    Tables that exist already, or that an earlier layer in ``requests`` gets, cost nothing
-    more; a layer fits when the tables it adds fit in what is left (a layer that adds
-    none always fits). ``free=None`` (no memory figure) lets every layer fit.
+    Tables that exist already, or that an earlier layer in ``requests`` gets, cost
+    nothing more; a layer fits when the tables it adds fit in what is left (a layer that
+    adds none always fits). ``free=None`` (no memory figure) lets every layer fit.
     """
     have = set(existing)
     left = None if free is None else free - margin
@@ -141,7 +148,8 @@ def scale_tables(
     k_scale: float,
     v_scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The K and V tables for one layer's per-tensor scales (the floats HIP receives)."""
+    """The K and V tables for one layer's per-tensor scales (the floats HIP
+    receives)."""
     store = shared_scale_tables()
     return (
         store.get(device, num_blocks, num_kv_heads, block_size, k_scale),

@@ -1,8 +1,9 @@
 """The plugin's own environment variables, parsed strictly.
 
-``VLLM_ROCM_ASM_DECODE``      1 (default) / 0: turn only the asm decode on or off. vLLM's
-                              ``VLLM_ROCM_USE_AITER_MHA=0`` turns it off too, but also
-                              changes other vLLM choices; this switch changes nothing else.
+``VLLM_ROCM_ASM_DECODE``      1 (default) / 0: turn only the asm decode on or off.
+                              vLLM's ``VLLM_ROCM_USE_AITER_MHA=0`` turns it off too,
+                              but also changes other vLLM choices; this switch changes
+                              nothing else.
 ``VLLM_ROCM_ASM_DECODE_CUT``  Query heads per step above which a pure-decode batch runs
                               the asm kernel. Default: ``2 x compute units`` of the GPU.
 ``VLLM_ROCM_ASM_DECODE_TRUST_AITER``
@@ -90,3 +91,8 @@ def cut_override() -> int | None:
             "(e.g. 512); unset it for the default of 2 x compute units"
         )
     return value
+
+
+def cut_source() -> str | None:
+    """The name of the setting that overrides the cut; None when none does."""
+    return CUT_ENV if cut_override() is not None else None

@@ -140,11 +140,9 @@ def test_decodes_that_do_not_lead_stay_stock_and_correct(tmp_path, kernels):
 
 def test_decodes_lead_in_vllms_v1_runner():
     """The V1 runner reorders a batch only when the builder sets a threshold."""
-    from vllm_rocm_asm_decode.backend import RocmAsmDecodeMetadataBuilder
+    from vllm_rocm_asm_decode.asm_path import AsmDecodeBuilderMixin
 
-    assert (
-        "_init_reorder_batch_threshold" in RocmAsmDecodeMetadataBuilder.__init__.__code__.co_names
-    )
+    assert "_init_reorder_batch_threshold" in AsmDecodeBuilderMixin.init_asm_decode.__code__.co_names
 
 
 def builder_under(model, mode):

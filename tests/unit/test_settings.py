@@ -60,9 +60,9 @@ def test_cut_bad_value_names_variable_and_value(monkeypatch, raw):
 def test_default_cut_is_two_query_heads_per_compute_unit(monkeypatch, cus, cut):
     monkeypatch.delenv(settings.CUT_ENV, raising=False)
     assert default_cut(cus) == cut
-    assert resolve_cut(cus) == cut
+    assert resolve_cut(cus, settings.cut_override()) == cut
     monkeypatch.setenv(settings.CUT_ENV, "1000")
-    assert resolve_cut(cus) == 1000
+    assert resolve_cut(cus, settings.cut_override()) == 1000
 
 
 @pytest.mark.parametrize(

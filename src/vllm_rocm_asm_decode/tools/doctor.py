@@ -263,11 +263,11 @@ def environment() -> Report:
 
     report.asm_dir = asm_dir()
     try:
-        kernel, why_not = load_asm_kernel(arch)
+        kernel, why_not = load_asm_kernel(arch, settings.trust_aiter())
     except settings.SettingError:  # a bad trust switch, already a failed check above
         trust = os.environ.pop(settings.TRUST_ENV)
         try:
-            kernel, why_not = load_asm_kernel(arch)
+            kernel, why_not = load_asm_kernel(arch, settings.trust_aiter())
         finally:
             os.environ[settings.TRUST_ENV] = trust
     checks.append(

@@ -113,7 +113,7 @@ def kernel_table_for(arch: str) -> KernelTable:
     if find_spec("aiter") is not None:
         from ..kernel import load_asm_kernel
 
-        kernel, _ = load_asm_kernel(arch)
+        kernel, _ = load_asm_kernel(arch, settings.trust_aiter())
         if kernel is not None:
             return kernel.table
     return fallback_table(arch)
@@ -358,7 +358,7 @@ def make_plan(
     groups: dict[tuple[str, ...], list[int]] = {}
     for i, reasons in enumerate(per_layer):
         groups.setdefault(tuple(reasons), []).append(i)
-    cut = resolve_cut(the_gpu.compute_units)
+    cut = resolve_cut(the_gpu.compute_units, settings.cut_override())
     heads = facts[0].num_heads
     any_eligible = any(eligible)
     batches = [
@@ -379,7 +379,7 @@ def make_plan(
             f"{VALIDATED_CONTEXT} tokens are not validated on hardware"
         )
     if cut != default_cut(the_gpu.compute_units):
-        notes.append(f"cut {describe_cut(the_gpu.compute_units)}")
+        notes.append(f"cut {describe_cut(the_gpu.compute_units, settings.cut_source())}")
     tables, table_bytes_per_block = table_count(facts, eligible, scales)
     return Plan(
         model=label,
@@ -391,7 +391,7 @@ def make_plan(
         block_size=block_size,
         dtype=str(model_config.dtype).removeprefix("torch."),
         cut_query_heads=cut,
-        cut_source=describe_cut(the_gpu.compute_units),
+        cut_source=describe_cut(the_gpu.compute_units, settings.cut_source()),
         num_layers=len(facts),
         num_heads_per_rank=heads,
         num_kv_heads_per_rank=facts[0].num_kv_heads,

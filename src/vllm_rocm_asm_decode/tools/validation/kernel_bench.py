@@ -174,6 +174,7 @@ def main(args: argparse.Namespace) -> int:
         return 2
     from vllm.utils.platform_utils import num_compute_units
 
+    from ... import settings
     from ...decision import resolve_cut
     from ...plugin import register
 
@@ -185,7 +186,7 @@ def main(args: argparse.Namespace) -> int:
     else:
         cases = grid(args.heads, args.contexts, args.seqs)
     timings = [measure(case, precision, args.iters) for case in cases]
-    cut = resolve_cut(num_compute_units())
+    cut = resolve_cut(num_compute_units(), settings.cut_override())
     print(render(timings, args.precision, args.sweep, cut))
     if args.json:
         Path(args.json).write_text(

@@ -26,8 +26,8 @@ from pathlib import Path
 
 import torch
 
+from ... import settings
 from ...aiter_version import BLOCK_ID_LIMIT, OFFSET_LIMIT, safe_blocks
-from ...settings import TRUST_ENV
 from .. import testbed
 from .accuracy import MAX_TOL, MEAN_TOL
 
@@ -48,7 +48,7 @@ def sequences_above_cut(heads: int) -> int:
 
     from ...decision import resolve_cut
 
-    return resolve_cut(num_compute_units()) // heads + 1
+    return resolve_cut(num_compute_units(), settings.cut_override()) // heads + 1
 
 
 def _errors(out: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
@@ -73,7 +73,7 @@ def _not_asm(model: testbed.Model) -> str:
     from ...kernel import current_arch, load_asm_kernel
 
     impl = model.layers[model.names[0]].impl
-    _, unavailable = load_asm_kernel(current_arch())
+    _, unavailable = load_asm_kernel(current_arch(), settings.trust_aiter())
     if unavailable is not None:
         why = unavailable
     elif impl.asm_rejections:
@@ -105,16 +105,16 @@ def _trusting_aiter() -> Iterator[None]:
     """Let a pool past 65536 blocks reach the kernel, to see what the kernel does there."""
     from ...kernel import load_asm_kernel
 
-    old = os.environ.get(TRUST_ENV)
-    os.environ[TRUST_ENV] = "1"
+    old = os.environ.get(settings.TRUST_ENV)
+    os.environ[settings.TRUST_ENV] = "1"
     load_asm_kernel.cache_clear()
     try:
         yield
     finally:
         if old is None:
-            os.environ.pop(TRUST_ENV, None)
+            os.environ.pop(settings.TRUST_ENV, None)
         else:
-            os.environ[TRUST_ENV] = old
+            os.environ[settings.TRUST_ENV] = old
         load_asm_kernel.cache_clear()
 
 
@@ -232,7 +232,7 @@ def block_id_probe(
     return Check(
         name,
         False,
-        f"{how}: this AITER misreads high KV blocks; keep {TRUST_ENV} unset (large caches "
+        f"{how}: this AITER misreads high KV blocks; keep {settings.TRUST_ENV} unset (large caches "
         "then keep the HIP decode) and upgrade AITER to 0.1.17 or later",
     )
 
