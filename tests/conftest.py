@@ -48,9 +48,20 @@ def _rocm_platform():
 
         # The CPU tests' tensors are small; the other core runs the background checks.
         torch.set_num_threads(1)
-    from vllm_rocm_asm_decode.plugin import register
+    import harness
 
-    register()
+    if harness.IN_TREE:
+        from vllm_rocm_asm_decode.plugin import vllm_carries_asm_decode
+
+        if not vllm_carries_asm_decode():
+            raise pytest.UsageError(
+                "ASM_DECODE_TEST_FORM=in-tree needs a vLLM patched by "
+                "`vllm-rocm-asm-decode upstream` on PYTHONPATH"
+            )
+    else:
+        from vllm_rocm_asm_decode.plugin import register
+
+        register()
     yield
 
 
@@ -79,9 +90,13 @@ def plugin_log():
     every test sees its own lines."""
     from vllm import logger as vllm_logger
 
-    from vllm_rocm_asm_decode.log import LOGGER_NAME
+    from harness import LOGGER_NAME
 
-    for fn in (vllm_logger._print_info_once, vllm_logger._print_warning_once):
+    for fn in (
+        vllm_logger._print_debug_once,
+        vllm_logger._print_info_once,
+        vllm_logger._print_warning_once,
+    ):
         fn.cache_clear()
     handler = _Records()
     log = logging.getLogger(LOGGER_NAME)
@@ -98,7 +113,9 @@ def aiter_version(monkeypatch):
     """Set the stand-in AITER's version (None: unknown; below 0.1.17 its kernel misreads
     block ids >= 65536 as AITER's did), with the trust switch unset and the kernel read
     afresh."""
-    from vllm_rocm_asm_decode.kernel import load_asm_kernel
+    from harness import runtime
+
+    load_asm_kernel = runtime("kernel").load_asm_kernel
 
     def set_version(version: str | None) -> None:
         if version is None:

@@ -10,12 +10,15 @@ as the device kernels do for any layout vLLM hands them.
 
 from __future__ import annotations
 
+import importlib
 import os
 import subprocess
 import sys
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
+import pytest
 import torch
 
 import background
@@ -37,6 +40,58 @@ from vllm_rocm_asm_decode.tools.testbed import (  # noqa: F401 - the tests use t
     write_model_dir,
     write_step,
 )
+
+# --------------------------------------------------------------------------------------
+# Which form of the change runs: the plugin on stock vLLM, or vLLM patched by `upstream`
+
+#: ``plugin`` (default): the plugin registered on the installed vLLM. ``in-tree``: the
+#: vLLM on ``PYTHONPATH`` carries the change (``vllm-rocm-asm-decode upstream``) and the
+#: plugin is not loaded.
+FORM = os.environ.get("ASM_DECODE_TEST_FORM", "plugin")
+IN_TREE = FORM == "in-tree"
+#: Where the runtime modules live in this form.
+RUNTIME_PACKAGE = (
+    "vllm.v1.attention.backends.rocm_asm_decode" if IN_TREE else "vllm_rocm_asm_decode"
+)
+#: The logger the asm decode's lines go to in this form.
+LOGGER_NAME = RUNTIME_PACKAGE if IN_TREE else "vllm.rocm_asm_decode"
+#: For tests of what only the plugin has (its settings parser, its trust switch).
+plugin_only = pytest.mark.skipif(IN_TREE, reason="the plugin's own setting; not in-tree")
+
+
+def runtime(module: str) -> ModuleType:
+    """A runtime module (``kernel``, ``asm_path``, ...) of the form under test."""
+    return importlib.import_module(f"{RUNTIME_PACKAGE}.{module}")
+
+
+def spy_stock_path(monkeypatch) -> list[dict[str, Any]]:
+    """Record the calls that reach the stock path's attention kernel
+    (``rocm_attn.chunked_prefill_paged_decode``, whose Triton fallbacks cannot run on a
+    CPU) instead of running it. The same place in both forms: the plugin's
+    ``super().forward`` and the in-tree ``forward`` after its asm branch."""
+    from vllm.v1.attention.backends import rocm_attn
+
+    calls: list[dict[str, Any]] = []
+    monkeypatch.setattr(rocm_attn, "chunked_prefill_paged_decode", lambda **kw: calls.append(kw))
+    return calls
+
+
+def stock_layers(calls: list[dict[str, Any]], model: Model) -> list[str]:
+    """The layers whose calls :func:`spy_stock_path` recorded, by their KV scale."""
+    names = {id(layer._k_scale): name for name, layer in model.layers.items()}
+    return [names[id(call["k_scale"])] for call in calls]
+
+
+def asm_backend() -> type:
+    """The class ``ROCM_ATTN`` resolves to when the asm decode is on in this form."""
+    if IN_TREE:
+        from vllm.v1.attention.backends.rocm_attn import RocmAttentionBackend
+
+        return RocmAttentionBackend
+    from vllm_rocm_asm_decode.backend import RocmAsmDecodeBackend
+
+    return RocmAsmDecodeBackend
+
 
 # --------------------------------------------------------------------------------------
 # Kernel stand-ins (vLLM's layout: K [nb, nkv, hd/x, bs, x], V [nb, nkv, hd, bs])

@@ -10,9 +10,9 @@ with 64-bit addressing; the two readings agree at 32 KiB pages and differ elsewh
 an old AITER is trusted only with blocks that are safe under both: ids below 65536 whose
 page starts below 2 GiB (:func:`safe_blocks`).
 
-The version is the only proof the plugin has at start-up, so a version that is unknown
-or cannot be parsed counts as unfixed. ``VLLM_ROCM_ASM_DECODE_TRUST_AITER=1`` overrides
-that for a build whose block-id probe (``vllm-rocm-asm-decode doctor``) has passed.
+The version is the only proof there is at start-up, so a version that is unknown or
+cannot be parsed counts as unfixed. A build seen reading high blocks right on the GPU
+(a block-id probe) can be trusted explicitly (``AiterBuild.trusted``).
 
 Read once per process, with the kernel (:func:`~.kernel.load_asm_kernel`).
 """
@@ -96,8 +96,7 @@ class AiterBuild:
     """The installed AITER as far as it proves itself."""
 
     version: str | None
-    #: VLLM_ROCM_ASM_DECODE_TRUST_AITER=1: block ids >= 65536 are trusted whatever the
-    #: version says.
+    #: Block ids >= 65536 are trusted whatever the version says.
     trusted: bool = False
 
     @property

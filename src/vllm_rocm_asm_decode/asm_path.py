@@ -67,7 +67,7 @@ from .eligibility import (
     LayerFacts,
     rejection_reasons,
 )
-from .kernel import AsmKernel, current_arch, load_asm_kernel
+from .kernel import AsmKernel, current_arch, load_asm_kernel, unavailable_reason
 from .kernel_table import ULTRA_PRECISION
 from .log import logger
 from .scale_tables import (
@@ -97,6 +97,23 @@ class AsmDecodeSettings:
     trust_aiter: bool = False
     #: Logged once when an old AITER keeps layers on HIP: how to lift that.
     trust_hint: str | None = None
+
+
+def asm_decode_settings(switch: bool, cut: int | None) -> AsmDecodeSettings | None:
+    """The settings vLLM's own switches give (``VLLM_ROCM_ASM_DECODE``,
+    ``VLLM_ROCM_ASM_DECODE_CUT``); None where the asm decode is switched off or cannot
+    run in this process (why, once, at debug level)."""
+    if not switch:
+        return None
+    if cut is not None and cut <= 0:
+        raise ValueError(
+            f"VLLM_ROCM_ASM_DECODE_CUT={cut} is not a positive number of query heads"
+        )
+    reason = unavailable_reason()
+    if reason is not None:
+        logger.debug_once("ROCM_ATTN asm decode is off: %s", reason)
+        return None
+    return AsmDecodeSettings(cut=cut)
 
 
 @dataclass(frozen=True)
@@ -397,6 +414,9 @@ class AsmDecodeBuilderMixin:
 
     Goes before ``RocmAttentionMetadataBuilder`` in the bases; reads its attributes.
     """
+
+    #: None: the asm decode is off for this builder (until :meth:`init_asm_decode`).
+    asm_settings: AsmDecodeSettings | None = None
 
     # Set by RocmAttentionMetadataBuilder.__init__.
     vllm_config: VllmConfig

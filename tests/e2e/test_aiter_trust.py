@@ -72,9 +72,12 @@ def test_version_clause_keeps_large_pools_off_unfixed_aiter(
             f"{named} {'misreads' if version else 'may misread'} KV blocks >= 65536 "
             f"(fixed in 0.1.17); this cache has {model.num_blocks} blocks"
         ]
-        assert any("VLLM_ROCM_ASM_DECODE_TRUST_AITER=1" in m and "doctor" in m for m in plugin_log)
+        # The way out (the plugin's trust switch, after doctor's probe) is the plugin's.
+        hint = any("VLLM_ROCM_ASM_DECODE_TRUST_AITER=1" in m and "doctor" in m for m in plugin_log)
+        assert hint is not harness.IN_TREE
 
 
+@harness.plugin_only
 def test_the_clause_guards_a_real_misread(tmp_path, kernels, aiter_version, monkeypatch):
     """With the clause overridden, the stand-in 0.1.16.post5 kernel (which reads block id b
     as b & 0xFFFF, as AITER did) answers wrong for sequences with blocks >= 65536, and a

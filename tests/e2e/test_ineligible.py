@@ -11,18 +11,8 @@ from conftest import ARCH
 
 @pytest.fixture
 def stock_forward(monkeypatch):
-    """Record calls that reach stock ``RocmAttentionImpl.forward`` (whose Triton fallbacks
-    cannot run on a CPU) instead of running them."""
-    from vllm.v1.attention.backends.rocm_attn import RocmAttentionImpl
-
-    calls: list[str] = []
-
-    def spy(self, layer, query, key, value, kv_cache, md, output, *args, **kwargs):
-        calls.append(layer.layer_name)
-        return output
-
-    monkeypatch.setattr(RocmAttentionImpl, "forward", spy)
-    return calls
+    """The calls that reach the stock path (see ``harness.spy_stock_path``)."""
+    return harness.spy_stock_path(monkeypatch)
 
 
 CASES = {
@@ -64,7 +54,7 @@ def test_ineligible_layer_keeps_stock_path_and_says_why(
     assert not metadata.use_asm_decode  # no eligible layer in the group: never asm
     out = torch.empty_like(batch.query)
     layer.impl.forward(layer, batch.query, batch.key, batch.value, layer.kv_cache, metadata, out)
-    assert harness.asm_calls() == [] and stock_forward == [name]
+    assert harness.asm_calls() == [] and harness.stock_layers(stock_forward, model) == [name]
     assert any(reason in m and "keep the HIP decode" in m for m in plugin_log), plugin_log
     assert any("0 of 1 layers eligible" in m for m in plugin_log)
 
@@ -91,7 +81,7 @@ def test_mixed_layers_in_one_step(tmp_path, kernels, plugin_log, stock_forward):
     assert metadata.use_asm_decode
     for name in model.names:
         harness.run_layer(model, name, batch, metadata)
-    assert stock_forward == [model.names[1]]
+    assert harness.stock_layers(stock_forward, model) == [model.names[1]]
     assert len(harness.asm_calls()) == 2
     assert any("2 of 3 layers eligible" in m for m in plugin_log)
     reasons = [m for m in plugin_log if "keep the HIP decode" in m]

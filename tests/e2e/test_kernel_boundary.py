@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 
 import harness
-from vllm_rocm_asm_decode.kernel import load_asm_kernel, signature_problem
+
+signature_problem = harness.runtime("kernel").signature_problem
+load_asm_kernel = harness.runtime("kernel").load_asm_kernel
 
 
 def old_pa_fwd_asm(

@@ -140,9 +140,10 @@ def test_decodes_that_do_not_lead_stay_stock_and_correct(tmp_path, kernels):
 
 def test_decodes_lead_in_vllms_v1_runner():
     """The V1 runner reorders a batch only when the builder sets a threshold."""
-    from vllm_rocm_asm_decode.asm_path import AsmDecodeBuilderMixin
-
-    assert "_init_reorder_batch_threshold" in AsmDecodeBuilderMixin.init_asm_decode.__code__.co_names
+    AsmDecodeBuilderMixin = harness.runtime("asm_path").AsmDecodeBuilderMixin  # noqa: N806
+    assert (
+        "_init_reorder_batch_threshold" in AsmDecodeBuilderMixin.init_asm_decode.__code__.co_names
+    )
 
 
 def builder_under(model, mode):
@@ -192,16 +193,11 @@ def test_speculative_decoding_keeps_mixed_steps_stock(tmp_path, kernels):
 def test_ineligible_layers_and_failed_call_checks_take_stock_forward_whole(
     tmp_path, kernels, monkeypatch
 ):
-    from vllm.v1.attention.backends.rocm_attn import RocmAttentionImpl
-
     model = harness.build_model(tmp_path, num_layers=1)
     batch = mixed_batch(model, ABOVE)
     metadata = model.builder.build(0, batch.common)
     assert metadata.asm_split is not None
-    stock = []
-    monkeypatch.setattr(
-        RocmAttentionImpl, "forward", lambda self, *a, **k: stock.append(k) or a[-1]
-    )
+    stock = harness.spy_stock_path(monkeypatch)
     layer = model.layers[model.names[0]]
     out = torch.empty_like(batch.query)
     args = (layer, batch.query, batch.key, batch.value, layer.kv_cache, metadata, out)
@@ -340,6 +336,7 @@ def test_the_startup_line_says_whether_mixed_steps_split(tmp_path, kernels, plug
     )
 
 
+@harness.plugin_only
 def test_plan_says_from_how_many_decodes_a_mixed_step_splits():
     from vllm_rocm_asm_decode.tools.plan import make_plan
 

@@ -9,6 +9,7 @@ import os
 import pytest
 import torch
 
+import harness
 from vllm_rocm_asm_decode.tools.validation import selftest
 
 SMALL_POOL = dict(heads=(8, 1), pool_blocks=70000)  # GQA 8, one KV head: ~0.3 GB
@@ -51,6 +52,7 @@ def test_block_id_probe_passes_on_a_fixed_aiter(stand_in_aiter):
     assert check.ok, check.detail
 
 
+@harness.plugin_only  # the probe reaches the kernel through the plugin's trust switch
 def test_block_id_probe_catches_the_pre_0_1_17_misread(stand_in_aiter):
     """The stand-in 0.1.16.post5 reads block b as b & 0xFFFF, as AITER did: the probe runs
     the kernel (trusting it for the probe only) and names the block it read instead."""

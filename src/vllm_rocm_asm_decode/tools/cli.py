@@ -6,6 +6,7 @@
 ``check accuracy``  decode error against an fp32 reference (contract model without a GPU)
 ``check passkey``   long-context retrieval against a running server
 ``doctor``          the environment the plugin trusts, and a GPU self-test
+``upstream DIR``    write this change into a vLLM 0.33.x source tree (the in-tree form)
 """
 
 from __future__ import annotations
@@ -120,6 +121,22 @@ def build_parser() -> argparse.ArgumentParser:
         sub, "doctor", "check this machine before turning the plugin on (GPU self-test)", "doctor"
     )
     doc.add_argument("--json", action="store_true", help="print one JSON object")
+
+    up = _documented_parser(
+        sub, "upstream", "write this change into a vLLM 0.33.x source tree", "upstream"
+    )
+    up.add_argument(
+        "directory",
+        metavar="DIR",
+        type=choices.nonempty,
+        help="a vLLM 0.33.x git checkout, or a copy of an installed vLLM's Python files",
+    )
+    up.add_argument(
+        "--check",
+        action="store_true",
+        help="apply to a temporary copy of the files it touches and print the diff stat; "
+        "DIR is not written",
+    )
 
     bench = sub.add_parser("bench", help="measure on an AMD GPU").add_subparsers(
         dest="bench", required=True, parser_class=_Parser
@@ -536,6 +553,10 @@ def main(argv: list[str] | None = None) -> int:
         return _plan(args)
     if args.command == "doctor":
         return _doctor(args)
+    if args.command == "upstream":
+        from .upstream import main as upstream
+
+        return upstream(args.directory, args.check)
     if args.command == "bench" and args.bench == "serve":
         return _bench_serve(args)
     if args.command == "bench" and args.bench == "kernel":

@@ -1,0 +1,700 @@
+"""Write the asm decode into a vLLM 0.33.x source tree: the in-tree form of the plugin.
+
+``vllm-rocm-asm-decode upstream DIR`` writes, into DIR (a vLLM git checkout, or a copy
+of an installed vLLM's Python files):
+
+* ``vllm/v1/attention/backends/rocm_asm_decode/``: this project's runtime modules
+  (rule, step decision, kernel boundary, scale tables, and the builder and impl halves
+  in ``asm_path.py``), each with vLLM's SPDX header, absolute imports and vLLM's logger;
+  nothing the plugin needs only as a plugin (entry point, settings parser, logger
+  wrapper, subclasses) goes in;
+* ``vllm/v1/attention/backends/rocm_attn.py``: the halves in front of
+  ``RocmAttentionMetadataBuilder`` and ``RocmAttentionImpl``, ``use_asm_decode`` (and
+  the split and bindings) on ``RocmAttentionMetadata``, and the calls in ``__init__``,
+  ``build``, ``build_for_cudagraph_capture`` and ``forward``. Only ``ROCM_ATTN``'s own
+  builder turns the path on; the backends built on its classes (``ROCM_AITER_UNIFIED_ATTN``,
+  ``ROCM_SEGMENTED_ATTN``) keep theirs;
+* ``vllm/_aiter_ops.py``: ``rocm_aiter_ops.pa_fwd_asm`` takes ``high_precision`` with
+  AITER's default (1), so ``ROCM_AITER_FA`` calls it as before;
+* ``vllm/envs.py``: ``VLLM_ROCM_ASM_DECODE`` (default on) and
+  ``VLLM_ROCM_ASM_DECODE_CUT`` (default: 2 x compute units);
+* ``tests/kernels/attention/test_rocm_attn_asm_decode.py``: the hardware tests.
+
+No copy of vLLM's files is stored here: each edit finds its place by name (a class, a
+``def``, a dict key) in the file as it is, and stops with one line naming the anchor
+when it has moved. An edit already made is left alone, so a second run changes nothing.
+Trees other than vLLM 0.33.x are refused. ``--check`` applies the change to a temporary
+copy and prints what it would change.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+#: The runtime modules written into vLLM, in dependency order.
+RUNTIME_MODULES = (
+    "aiter_version",
+    "kernel_table",
+    "kernel",
+    "eligibility",
+    "decision",
+    "scale_tables",
+    "asm_path",
+)
+#: Runtime modules that exist only for the plugin.
+PLUGIN_ONLY = ("plugin", "settings", "log", "backend")
+PACKAGE = "vllm.v1.attention.backends.rocm_asm_decode"
+PACKAGE_DIR = Path(*PACKAGE.split("."))
+ROCM_ATTN = Path("vllm/v1/attention/backends/rocm_attn.py")
+AITER_OPS = Path("vllm/_aiter_ops.py")
+ENVS = Path("vllm/envs.py")
+KERNEL_TEST = Path("tests/kernels/attention/test_rocm_attn_asm_decode.py")
+#: vLLM's header and line length.
+SPDX = (
+    "# SPDX-License-Identifier: Apache-2.0\n"
+    "# SPDX-FileCopyrightText: Copyright contributors to the vLLM project\n"
+)
+LINE_LENGTH = 88
+SUPPORTED = (0, 33)
+
+_RUNTIME_DIR = Path(__file__).resolve().parents[2]
+_TEST_SOURCE = Path(__file__).resolve().parent / "in_tree" / "kernel_test.py"
+
+
+class UpstreamError(Exception):
+    """The tree cannot take the change; the message is one line for the user."""
+
+
+# --------------------------------------------------------------------------------------
+# The tree
+
+
+def tree_version(root: Path) -> str:
+    """The vLLM version of the tree at ``root``: ``vllm/_version.py`` (an installed
+    package or a built checkout), else ``git describe`` of a checkout."""
+    version_file = root / "vllm" / "_version.py"
+    if version_file.is_file():
+        found = re.search(
+            r"^__version__\s*=\s*(?:version\s*=\s*)?['\"]([^'\"]+)['\"]",
+            version_file.read_text(encoding="utf-8"),
+            re.MULTILINE,
+        )
+        if found:
+            return found[1]
+    try:
+        described = subprocess.run(
+            ["git", "-C", str(root), "describe", "--tags", "--match", "v*"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        described = None
+    if described is not None and described.returncode == 0:
+        return described.stdout.strip().removeprefix("v")
+    raise UpstreamError(f"cannot tell which vLLM {root} is: no vllm/_version.py and no v* git tag")
+
+
+def check_tree(root: Path) -> str:
+    """The tree's vLLM version; raises :class:`UpstreamError` unless it is 0.33.x."""
+    if not root.is_dir():
+        raise UpstreamError(f"{root} is not a directory")
+    if not (root / ROCM_ATTN).is_file():
+        raise UpstreamError(f"{root} is not a vLLM source tree (no {ROCM_ATTN})")
+    version = tree_version(root)
+    numbers = re.match(r"(\d+)\.(\d+)", version)
+    if numbers is None or (int(numbers[1]), int(numbers[2])) != SUPPORTED:
+        raise UpstreamError(
+            f"{root} is vLLM {version}; this change is written for vLLM 0.33.x only"
+        )
+    return version
+
+
+# --------------------------------------------------------------------------------------
+# Formatting (what ruff format writes for these shapes, at vLLM's line length)
+
+
+def bracketed(head: str, items: list[str], tail: str, indent: str = "") -> str:
+    """``head(items)tail`` on one line when it fits; else the items one per line with a
+    trailing comma."""
+    flat = f"{indent}{head}({', '.join(items)}){tail}"
+    if len(flat) <= LINE_LENGTH:
+        return flat
+    inner = "".join(f"{indent}    {item},\n" for item in items)
+    return f"{indent}{head}(\n{inner}{indent}){tail}"
+
+
+def import_line(module: str, names: list[str]) -> str:
+    flat = f"from {module} import {', '.join(names)}"
+    if len(flat) <= LINE_LENGTH:
+        return flat
+    return bracketed(f"from {module} import ", names, "")
+
+
+# --------------------------------------------------------------------------------------
+# The runtime modules, as vLLM modules
+
+
+def _alias(alias: ast.alias) -> str:
+    return alias.name if alias.asname is None else f"{alias.name} as {alias.asname}"
+
+
+def _absolute(node: ast.ImportFrom, origin: str) -> str | None:
+    """The absolute module of a package-relative import; None for ``.log`` (vLLM's
+    logger replaces it)."""
+    if node.level == 0:
+        return node.module
+    if node.level != 1 or node.module is None:
+        raise UpstreamError(f"{origin}: unsupported relative import (level {node.level})")
+    name = node.module.split(".")[0]
+    if name == "log":
+        return None
+    if name in PLUGIN_ONLY or name == "tools":
+        raise UpstreamError(f"{origin} imports the plugin-only module {name}")
+    return f"{PACKAGE}.{node.module}"
+
+
+def _section(module: str) -> int:
+    root = module.split(".")[0]
+    if root == "__future__":
+        return 0
+    if root in sys.stdlib_module_names:
+        return 1
+    if root == "vllm":
+        return 3
+    return 2
+
+
+def render_module(name: str, source: str | None = None) -> str:
+    """Runtime module ``name`` as ``vllm/v1/attention/backends/rocm_asm_decode/<name>.py``:
+    SPDX header, its top imports regrouped with vLLM first-party and package imports
+    made absolute, ``logger = init_logger(__name__)`` for the plugin's logger, and
+    imports inside functions made absolute in place."""
+    origin = f"{name}.py"
+    if source is None:
+        source = (_RUNTIME_DIR / origin).read_text(encoding="utf-8")
+    tree = ast.parse(source)
+    lines = source.split("\n")
+    top = [n for n in tree.body if isinstance(n, ast.Import | ast.ImportFrom)]
+    first, last = top[0].lineno, top[-1].end_lineno or top[-1].lineno
+    between = [n for n in tree.body if first <= n.lineno <= last and n not in top]
+    if between:
+        raise UpstreamError(f"{origin}: code between the top imports (line {first})")
+    sections: dict[int, list[tuple[int, str, str]]] = {}
+    uses_logger = False
+    for node in top:
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                key = (0, alias.name.lower(), f"import {_alias(alias)}")
+                sections.setdefault(_section(alias.name), []).append(key)
+            continue
+        module = _absolute(node, origin)
+        if module is None:
+            uses_logger = True
+            module, names = "vllm.logger", ["init_logger"]
+        else:
+            names = [_alias(a) for a in node.names]
+        key = (1, module.lower(), import_line(module, names))
+        sections.setdefault(_section(module), []).append(key)
+    block = "\n\n".join(
+        "\n".join(text for _, _, text in sorted(sections[s])) for s in sorted(sections)
+    )
+    if uses_logger:
+        block += "\n\nlogger = init_logger(__name__)"
+    # Imports inside functions (and under TYPE_CHECKING), rewritten in place, bottom up.
+    inner = [
+        n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level and n not in top
+    ]
+    for node in sorted(inner, key=lambda n: -n.lineno):
+        module = _absolute(node, origin)
+        if module is None:
+            raise UpstreamError(f"{origin}: the logger is imported inside a function")
+        indent = " " * node.col_offset
+        text = import_line(module, [_alias(a) for a in node.names])
+        text = "\n".join(indent + line if line else line for line in text.split("\n"))
+        lines[node.lineno - 1 : node.end_lineno] = [text]
+    body = "\n".join([*lines[: first - 1], block, *lines[last:]])
+    return SPDX + body
+
+
+def package_init() -> str:
+    return (
+        SPDX + '"""ROCM_ATTN\'s asm decode: large fp8-KV decode batches on AITER\'s\n'
+        "``pa_fwd_asm`` (ultra precision), read from vLLM's own KV cache layout.\n\n"
+        "The rule is in ``eligibility`` and ``decision``, the builder and impl halves "
+        "in\n``asm_path``; ``rocm_attn.py`` puts them in front of its classes.\n"
+        '"""\n'
+    )
+
+
+def render_kernel_test(source: str | None = None) -> str:
+    """The hardware tests, with the runtime imports pointing into vLLM."""
+    if source is None:
+        source = _TEST_SOURCE.read_text(encoding="utf-8")
+    source = source.replace("vllm_rocm_asm_decode.", f"{PACKAGE}.")
+    return SPDX + source
+
+
+# --------------------------------------------------------------------------------------
+# Anchored edits
+
+
+class Source:
+    """One file's text with AST-located edits; every lookup that fails names its
+    anchor."""
+
+    def __init__(self, path: Path, text: str) -> None:
+        self.path = path
+        self.text = text
+
+    @property
+    def lines(self) -> list[str]:
+        return self.text.split("\n")
+
+    def tree(self) -> ast.Module:
+        try:
+            return ast.parse(self.text)
+        except SyntaxError as exc:
+            raise UpstreamError(
+                f"{self.path}: does not parse ({exc.msg}, line {exc.lineno})"
+            ) from None
+
+    def moved(self, anchor: str) -> UpstreamError:
+        return UpstreamError(
+            f"{self.path}: anchor moved: {anchor} (this change is written for vLLM 0.33.x)"
+        )
+
+    def find(self, *path: str) -> ast.ClassDef | ast.FunctionDef:
+        """The class or def at ``path`` (e.g. ``("RocmAttentionImpl", "forward")``)."""
+        scope: list[ast.stmt] = self.tree().body
+        node = None
+        for i, name in enumerate(path):
+            node = next(
+                (
+                    n
+                    for n in scope
+                    if isinstance(n, ast.ClassDef | ast.FunctionDef) and n.name == name
+                ),
+                None,
+            )
+            if node is None:
+                kind = "class" if i < len(path) - 1 or path[0][0].isupper() else "def"
+                where = ".".join(path[:i]) or "module"
+                raise self.moved(f"{kind} {name} not found in {where}")
+            scope = node.body
+        assert node is not None
+        return node
+
+    def segment(self, node: ast.AST) -> str:
+        return ast.get_source_segment(self.text, node) or ""
+
+    def insert_after_line(self, lineno: int, block: str) -> None:
+        lines = self.lines
+        lines[lineno:lineno] = block.split("\n")
+        self.text = "\n".join(lines)
+
+    def replace_lines(self, first: int, last: int, block: str) -> None:
+        lines = self.lines
+        lines[first - 1 : last] = block.split("\n")
+        self.text = "\n".join(lines)
+
+    def insert_at(self, lineno: int, col: int, text: str) -> None:
+        """Insert ``text`` at an AST position (``col`` in UTF-8 bytes)."""
+        lines = self.lines
+        raw = lines[lineno - 1].encode()
+        lines[lineno - 1] = (raw[:col] + text.encode() + raw[col:]).decode()
+        self.text = "\n".join(lines)
+
+
+def _body_start(node: ast.FunctionDef) -> ast.stmt:
+    """The first statement after the docstring."""
+    body = node.body
+    has_doc = (
+        isinstance(body[0], ast.Expr)
+        and isinstance(body[0].value, ast.Constant)
+        and isinstance(body[0].value.value, str)
+    )
+    if has_doc and len(body) > 1:
+        return body[1]
+    return body[0]
+
+
+def _header_end(src: Source, node: ast.ClassDef) -> int:
+    """The line of the ``:`` that ends a class statement."""
+    last = node.bases[-1] if node.bases else None
+    lineno = last.end_lineno if last is not None and last.end_lineno else node.lineno
+    for i in range(lineno, node.body[0].lineno + 1):
+        if src.lines[i - 1].rstrip().endswith(":"):
+            return i
+    raise src.moved(f"class {node.name}: no end of its class statement")
+
+
+def add_base(src: Source, cls: str, mixin: str) -> None:
+    """Put ``mixin`` first in the bases of class ``cls``."""
+    node = src.find(cls)
+    bases = [src.segment(b) for b in node.bases]
+    if mixin in bases:
+        return
+    if node.keywords or node.decorator_list:
+        raise src.moved(f"class {cls} has keywords or decorators")
+    src.replace_lines(
+        node.lineno,
+        _header_end(src, node),
+        bracketed(f"class {cls}", [mixin, *bases], ":"),
+    )
+
+
+def _import_module(node: ast.stmt) -> str:
+    if isinstance(node, ast.ImportFrom):
+        return node.module or ""
+    assert isinstance(node, ast.Import)
+    return node.names[0].name
+
+
+def add_import(src: Source, statement: str, module: str, plain: bool = False) -> None:
+    """Add a top-level vLLM import where ruff's isort puts it: ``import x`` lines before
+    ``from x import`` lines, each sorted by module."""
+    if statement.split("\n")[0] in src.lines:
+        return
+    top = [n for n in src.tree().body if isinstance(n, ast.Import | ast.ImportFrom)]
+    vllm = [n for n in top if _import_module(n).split(".")[0] == "vllm"]
+    if not vllm:
+        raise src.moved("no top-level vllm imports")
+
+    def before(node: ast.stmt) -> bool:
+        if plain:
+            return isinstance(node, ast.ImportFrom) or _import_module(node) > module
+        return isinstance(node, ast.ImportFrom) and _import_module(node) > module
+
+    following = next((n for n in vllm if before(n)), None)
+    if following is not None:
+        src.insert_after_line(following.lineno - 1, statement)
+    else:
+        src.insert_after_line(vllm[-1].end_lineno or vllm[-1].lineno, statement)
+
+
+# --------------------------------------------------------------------------------------
+# The three vLLM files
+
+
+_HALVES = ["AsmBindings", "AsmDecodeBuilderMixin", "AsmDecodeImplMixin", "MixedSplit"]
+
+
+def edit_rocm_attn(src: Source) -> None:
+    add_import(src, "import vllm.envs as envs", "vllm.envs", plain=True)
+    asm_path = f"{PACKAGE}.asm_path"
+    add_import(src, import_line(asm_path, [*_HALVES, "asm_decode_settings"]), asm_path)
+
+    metadata = src.find("RocmAttentionMetadata")
+    fields = {
+        n.target.id
+        for n in metadata.body
+        if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)
+    }
+    if "use_asm_decode" not in fields:
+        src.insert_after_line(
+            metadata.body[-1].end_lineno or metadata.body[-1].lineno,
+            "\n"
+            "    # The step's decode kernel, chosen by the builder (rocm_asm_decode).\n"
+            "    use_asm_decode: bool = False\n"
+            "    asm_split: MixedSplit | None = None\n"
+            "    asm_bindings: AsmBindings | None = None",
+        )
+
+    builder = "RocmAttentionMetadataBuilder"
+    add_base(src, builder, "AsmDecodeBuilderMixin")
+    init = src.find(builder, "__init__")
+    if "init_asm_decode" not in src.segment(init):
+        src.insert_after_line(
+            init.body[-1].end_lineno or init.body[-1].lineno,
+            "\n"
+            "        if type(self) is RocmAttentionMetadataBuilder:\n"
+            "            # ROCM_ATTN's own builder only: backends built on its classes\n"
+            "            # keep their decode.\n"
+            "            switch, cut = envs.VLLM_ROCM_ASM_DECODE, "
+            "envs.VLLM_ROCM_ASM_DECODE_CUT\n"
+            "            self.init_asm_decode(asm_decode_settings(switch, cut), "
+            "kv_cache_spec)",
+        )
+
+    capture = src.find(builder, "build_for_cudagraph_capture")
+    if "asm_capture_build" not in src.segment(capture):
+        call = next(
+            (
+                n
+                for n in capture.body
+                if isinstance(n, ast.Assign)
+                and src.segment(n.value).replace(" ", "").startswith("self.build(")
+            ),
+            None,
+        )
+        if call is None:
+            raise src.moved(f"{builder}.build_for_cudagraph_capture: no self.build(...)")
+        last = call.end_lineno or call.lineno
+        nested = "\n".join("    " + line for line in src.lines[call.lineno - 1 : last])
+        src.replace_lines(
+            call.lineno,
+            last,
+            f"{' ' * call.col_offset}with self.asm_capture_build():\n{nested}",
+        )
+
+    build = src.find(builder, "build")
+    if "decide_asm_step" not in src.segment(build):
+        ret = build.body[-1]
+        if not (
+            isinstance(ret, ast.Return)
+            and isinstance(ret.value, ast.Name)
+            and ret.value.id == "attn_metadata"
+        ):
+            raise src.moved(f"{builder}.build does not end in `return attn_metadata`")
+        src.insert_after_line(
+            ret.lineno - 1,
+            "        self.decide_asm_step(attn_metadata, common_attn_metadata)",
+        )
+
+    impl = "RocmAttentionImpl"
+    add_base(src, impl, "AsmDecodeImplMixin")
+    forward = src.find(impl, "forward")
+    if "forward_asm_decode" not in src.segment(forward):
+        args = [a.arg for a in forward.args.args]
+        wanted = ["self", "layer", "query", "key", "value", "kv_cache", "attn_metadata"]
+        wanted += ["output", "output_scale", "output_block_scale"]
+        if args != wanted:
+            raise src.moved(f"{impl}.forward({', '.join(args)})")
+        first = _body_start(forward)
+        call = bracketed(
+            "if self.forward_asm_decode",
+            [
+                *wanted[1:8],
+                "output_scale is not None or output_block_scale is not None",
+            ],
+            ":",
+            indent="        ",
+        )
+        src.insert_after_line(first.lineno - 1, f"{call}\n            return output\n")
+
+
+def edit_aiter_ops(src: Source) -> None:
+    fn = src.find("rocm_aiter_ops", "pa_fwd_asm")
+    names = [a.arg for a in fn.args.args]
+    if "high_precision" not in names:
+        out = next((a for a in fn.args.args if a.arg == "out_"), None)
+        if out is None or names[-1] != "out_":
+            raise src.moved("rocm_aiter_ops.pa_fwd_asm: out_ is not its last argument")
+        indent = " " * out.col_offset
+        src.insert_at(
+            out.end_lineno or out.lineno,
+            out.end_col_offset or 0,
+            f",\n{indent}high_precision: int = 1",
+        )
+    fn = src.find("rocm_aiter_ops", "pa_fwd_asm")
+    call = next(
+        (
+            n
+            for n in ast.walk(fn)
+            if isinstance(n, ast.Call) and src.segment(n.func) == "pa_fwd_asm"
+        ),
+        None,
+    )
+    if call is None:
+        raise src.moved("rocm_aiter_ops.pa_fwd_asm: no call of aiter's pa_fwd_asm")
+    keywords = {k.arg: k for k in call.keywords}
+    if "high_precision" not in keywords:
+        out_kw = keywords.get("out_")
+        if out_kw is None or call.keywords[-1] is not out_kw:
+            raise src.moved("rocm_aiter_ops.pa_fwd_asm: out_= is not the last keyword")
+        indent = " " * out_kw.col_offset
+        src.insert_at(
+            out_kw.end_lineno or out_kw.lineno,
+            out_kw.end_col_offset or 0,
+            f",\n{indent}high_precision=high_precision",
+        )
+
+
+_ENV_DECLARATIONS = (
+    "    VLLM_ROCM_ASM_DECODE: bool = True\n    VLLM_ROCM_ASM_DECODE_CUT: int | None = None"
+)
+_ENV_ENTRIES = """\
+    # Whether ROCM_ATTN decodes large decode batches with an fp8 KV cache on AITER's
+    # asm paged attention (needs VLLM_ROCM_USE_AITER and VLLM_ROCM_USE_AITER_MHA).
+    # By default is enabled.
+    "VLLM_ROCM_ASM_DECODE": lambda: (
+        os.getenv("VLLM_ROCM_ASM_DECODE", "True").lower() in ("true", "1")
+    ),
+    # Query heads per decode step above which ROCM_ATTN runs the asm kernel.
+    # By default (unset) 2 x the GPU's compute units.
+    "VLLM_ROCM_ASM_DECODE_CUT": lambda: maybe_convert_int(
+        os.getenv("VLLM_ROCM_ASM_DECODE_CUT", None)
+    ),"""
+
+
+def edit_envs(src: Source) -> None:
+    anchor = "VLLM_ROCM_USE_AITER_MHA"
+    tree = src.tree()
+    checking = next(
+        (n for n in tree.body if isinstance(n, ast.If) and src.segment(n.test) == "TYPE_CHECKING"),
+        None,
+    )
+    if checking is None:
+        raise src.moved("no `if TYPE_CHECKING:` block")
+    declared = {
+        n.target.id: n
+        for n in checking.body
+        if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)
+    }
+    if "VLLM_ROCM_ASM_DECODE" not in declared:
+        if anchor not in declared:
+            raise src.moved(f"{anchor} is not declared under TYPE_CHECKING")
+        node = declared[anchor]
+        src.insert_after_line(node.end_lineno or node.lineno, _ENV_DECLARATIONS)
+        tree = src.tree()
+    table = next(
+        (
+            n
+            for n in tree.body
+            if isinstance(n, ast.AnnAssign | ast.Assign)
+            and "environment_variables" in src.segment(n).split("=")[0]
+            and isinstance(n.value, ast.Dict)
+        ),
+        None,
+    )
+    if table is None:
+        raise src.moved("no environment_variables dict")
+    assert isinstance(table.value, ast.Dict)
+    keys = {
+        k.value: v
+        for k, v in zip(table.value.keys, table.value.values, strict=True)
+        if isinstance(k, ast.Constant)
+    }
+    if "VLLM_ROCM_ASM_DECODE" in keys:
+        return
+    if anchor not in keys:
+        raise src.moved(f"{anchor} is not in environment_variables")
+    end = keys[anchor].end_lineno or keys[anchor].lineno
+    if not src.lines[end - 1].rstrip().endswith(","):
+        raise src.moved(f"environment_variables[{anchor!r}] is not followed by a comma")
+    if "maybe_convert_int" not in {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}:
+        raise src.moved("def maybe_convert_int not found in module")
+    src.insert_after_line(end, _ENV_ENTRIES)
+
+
+_EDITS: dict[Path, Callable[[Source], None]] = {
+    ROCM_ATTN: edit_rocm_attn,
+    AITER_OPS: edit_aiter_ops,
+    ENVS: edit_envs,
+}
+
+
+# --------------------------------------------------------------------------------------
+# The change as a whole
+
+
+def changed_files(root: Path) -> dict[Path, str]:
+    """Every file the change writes, by path relative to ``root``, with its new text."""
+    files: dict[Path, str] = {PACKAGE_DIR / "__init__.py": package_init()}
+    for name in RUNTIME_MODULES:
+        files[PACKAGE_DIR / f"{name}.py"] = render_module(name)
+    for rel, edit in _EDITS.items():
+        path = root / rel
+        if not path.is_file():
+            raise UpstreamError(f"{root} is not a vLLM source tree (no {rel})")
+        src = Source(rel, path.read_text(encoding="utf-8"))
+        edit(src)
+        files[rel] = src.text
+    files[KERNEL_TEST] = render_kernel_test()
+    return files
+
+
+@dataclass(frozen=True)
+class FileChange:
+    path: Path
+    added: int
+    removed: int
+    new: bool
+
+
+def diff_counts(old: str, new: str) -> tuple[int, int]:
+    added = removed = 0
+    for line in difflib.unified_diff(old.splitlines(), new.splitlines(), lineterm="", n=0):
+        if line.startswith("+") and not line.startswith("+++"):
+            added += 1
+        elif line.startswith("-") and not line.startswith("---"):
+            removed += 1
+    return added, removed
+
+
+def apply(root: Path) -> list[FileChange]:
+    """Write the change into ``root``; returns what changed (nothing on a second run)."""
+    check_tree(root)
+    files = changed_files(root)  # everything is computed before anything is written
+    changes = []
+    for rel, text in files.items():
+        path = root / rel
+        old = path.read_text(encoding="utf-8") if path.is_file() else None
+        if old == text:
+            continue
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text, encoding="utf-8")
+        except OSError as exc:
+            raise UpstreamError(f"cannot write {path}: {exc.strerror or exc}") from None
+        changes.append(FileChange(rel, *diff_counts(old or "", text), new=old is None))
+    return changes
+
+
+def check(root: Path) -> list[FileChange]:
+    """Apply the change to a temporary copy of what it touches in ``root``."""
+    check_tree(root)
+    with tempfile.TemporaryDirectory(prefix="vllm-upstream-check-") as tmp:
+        copy = Path(tmp)
+        touched = [ROCM_ATTN, AITER_OPS, ENVS, Path("vllm/_version.py"), KERNEL_TEST]
+        touched += [PACKAGE_DIR / f"{n}.py" for n in ("__init__", *RUNTIME_MODULES)]
+        for rel in touched:
+            if (root / rel).is_file():
+                (copy / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(root / rel, copy / rel)
+        if not (root / "vllm/_version.py").is_file():
+            (copy / "vllm/_version.py").write_text(
+                f"__version__ = {tree_version(root)!r}\n", encoding="utf-8"
+            )
+        return apply(copy)
+
+
+def diff_stat(changes: list[FileChange]) -> str:
+    """The changes as ``git diff --stat`` shows them."""
+    if not changes:
+        return " no changes (the tree already carries this change)"
+    width = max(len(str(c.path)) for c in changes)
+    rows = [
+        f" {c.path!s:<{width}} | {c.added + c.removed:>5} "
+        + "+" * min(c.added, 40)
+        + "-" * min(c.removed, 40)
+        + (" (new)" if c.new else "")
+        for c in changes
+    ]
+    added = sum(c.added for c in changes)
+    removed = sum(c.removed for c in changes)
+    rows.append(f" {len(changes)} files changed, {added} insertions(+), {removed} deletions(-)")
+    return "\n".join(rows)
+
+
+def main(directory: str, dry_run: bool) -> int:
+    root = Path(directory)
+    try:
+        changes = check(root) if dry_run else apply(root)
+    except UpstreamError as exc:
+        print(f"vllm-rocm-asm-decode upstream: error: {exc}", file=sys.stderr)
+        return 2
+    verb = "would change" if dry_run else "changed"
+    print(f"{root}: {verb}")
+    print(diff_stat(changes))
+    return 0

@@ -1,0 +1,1 @@
+"""Files written into vLLM verbatim (imports pointed into vLLM, SPDX header added)."""

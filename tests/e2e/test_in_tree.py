@@ -1,0 +1,215 @@
+"""The in-tree form: the end-to-end suite against a vLLM patched by ``upstream`` with the
+plugin not loaded; the backends built on ROCM_ATTN's classes and ``ROCM_AITER_FA`` as
+stock; the kernel tests written into vLLM, run on the CPU with AITER's contract model.
+
+The suite's run is a check of its own (a fresh process on the patched vLLM); the tests
+marked ``in_tree_only`` are what that run adds to the suite.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import sys
+import tempfile
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import in_tree
+import pytest
+import torch
+
+import background
+import harness
+
+E2E = Path(__file__).resolve().parent
+in_tree_only = pytest.mark.skipif(
+    not harness.IN_TREE, reason="runs in the in-tree session of test_in_tree_suite"
+)
+
+
+def _in_tree_suite(env: dict[str, str]) -> dict[str, object]:
+    tree = Path(tempfile.mkdtemp(prefix="vllm-in-tree-"))
+    try:
+        in_tree.copy_vllm(tree)
+        first = in_tree.console("upstream", str(tree), env=env)
+        second = in_tree.console("upstream", str(tree), env=env)
+        report = tree / "report.xml"
+        skip = [f"tests/e2e/{m}" for m in in_tree.PLUGIN_AND_TOOL_MODULES]
+        skip += [
+            "tests/e2e/test_in_tree.py::test_in_tree_suite",
+            "tests/e2e/test_mixed.py::"
+            "test_vllms_real_prefill_kernel_on_the_split_views_matches_the_stock_call",
+        ]
+        suite_env = env | background.ONE_THREAD
+        suite_env |= {
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(tree), env.get("PYTHONPATH")])),
+            "ASM_DECODE_TEST_FORM": "in-tree",
+            "ASM_DECODE_TEST_TREE": str(tree),
+            "ASM_DECODE_TEST_STOCK_VLLM": str(in_tree.installed_vllm()),
+            "VLLM_PLUGINS": "",  # no general plugin is loaded, this one included
+        }
+        cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "tests/e2e"]
+        cmd += [f"--deselect={s}" for s in skip] + [f"--junitxml={report}"]
+        suite = background.run(cmd, suite_env, cwd=str(E2E.parents[1]), timeout=900)
+        cases = {}
+        if report.is_file():
+            for case in ET.parse(report).iter("testcase"):
+                outcome = "passed"
+                for child in case:
+                    if child.tag in ("failure", "error", "skipped"):
+                        outcome = f"{child.tag}: {child.get('message', '')}"
+                cases[f"{case.get('classname')}::{case.get('name')}"] = outcome
+        return {"first": first, "second": second, "suite": suite, "cases": cases}
+    finally:
+        shutil.rmtree(tree, ignore_errors=True)
+
+
+background.declare("in-tree-suite", __file__, ["test_in_tree_suite"], _in_tree_suite, 60)
+
+
+def test_in_tree_suite():
+    """``upstream`` applies to a copy of the installed vLLM, a second run changes nothing,
+    and the e2e suite passes on the patched vLLM without the plugin: same routing, same
+    outputs. Only the plugin's own settings are skipped."""
+    result = background.result("in-tree-suite")
+    first, second, suite = result["first"], result["second"], result["suite"]
+    assert first.returncode == 0, first.stderr
+    assert "rocm_attn.py" in first.stdout and "12 files changed" in first.stdout
+    assert second.returncode == 0 and "no changes" in second.stdout, second.stdout
+    tail = (suite.stdout + suite.stderr)[-3000:]
+    assert suite.returncode == 0, tail
+    cases = result["cases"]
+    others = {name: o for name, o in cases.items() if o != "passed"}
+    assert all("not in-tree" in o for o in others.values()), others
+    # Every e2e module that tests the backend ran and passed there, this one included.
+    modules = {p.stem for p in E2E.glob("test_*.py")}
+    modules -= {Path(m).stem for m in in_tree.PLUGIN_AND_TOOL_MODULES}
+    passed = {name.split("::")[0].rsplit(".", 1)[-1] for name in cases if name not in others}
+    assert passed == modules, tail
+
+
+# --------------------------------------------------------------------------------------
+# What the in-tree session checks on the patched vLLM
+
+
+@in_tree_only
+def test_rocm_attn_is_vllms_own_class_and_the_plugin_is_not_loaded():
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    cls = AttentionBackendEnum.ROCM_ATTN.get_class()
+    from vllm.plugins import load_general_plugins
+
+    load_general_plugins()  # as every vLLM process does; VLLM_PLUGINS leaves it out
+    cls = AttentionBackendEnum.ROCM_ATTN.get_class()
+    assert cls.__module__ == "vllm.v1.attention.backends.rocm_attn"
+    assert Path(sys.modules["vllm"].__file__).is_relative_to(os.environ["ASM_DECODE_TEST_TREE"])
+
+
+@in_tree_only
+@pytest.mark.parametrize(
+    "module",
+    ["rocm_aiter_fa.py", "rocm_aiter_unified_attn.py", "rocm_segmented_attn.py"],
+)
+def test_the_other_rocm_backends_files_are_untouched(module):
+    rel = Path("v1/attention/backends") / module
+    patched = Path(os.environ["ASM_DECODE_TEST_TREE"]) / "vllm" / rel
+    stock = Path(os.environ["ASM_DECODE_TEST_STOCK_VLLM"]) / rel
+    assert patched.read_bytes() == stock.read_bytes()
+
+
+@in_tree_only
+@pytest.mark.parametrize("backend", ["ROCM_AITER_UNIFIED_ATTN", "ROCM_SEGMENTED_ATTN"])
+def test_backends_built_on_rocm_attns_classes_keep_their_decode(tmp_path, kernels, backend):
+    """Their builders never turn the asm path on (no binding, no scale tables, no
+    reorder request); their impls keep their own forward."""
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+    from vllm.v1.attention.backends.rocm_attn import (
+        RocmAttentionImpl,
+        RocmAttentionMetadataBuilder,
+    )
+
+    cls = AttentionBackendEnum[backend].get_class()
+    model = harness.build_model(tmp_path, num_layers=1)
+    builder = cls.get_builder_cls()(model.spec, model.names, model.vllm_config, torch.device("cpu"))
+    assert isinstance(builder, RocmAttentionMetadataBuilder)
+    assert builder.asm_settings is None
+    assert builder.reorder_batch_threshold == type(builder).reorder_batch_threshold
+    batch = harness.make_batch(model, [20] * 64)  # 2560 query heads, above the cut
+    metadata = builder.build(0, batch.common)
+    assert not metadata.use_asm_decode and metadata.asm_split is None
+    assert metadata.asm_bindings is None and not hasattr(builder, "asm_bindings")
+    assert cls.get_impl_cls().forward is not RocmAttentionImpl.forward
+
+
+@in_tree_only
+def test_pa_fwd_asm_wrapper_passes_aiters_default_precision_unless_asked(monkeypatch):
+    """``ROCM_AITER_FA``'s call (no ``high_precision``) reaches AITER with its default."""
+    import aiter
+    from vllm._aiter_ops import rocm_aiter_ops
+
+    seen = []
+    monkeypatch.setattr(aiter, "pa_fwd_asm", lambda **kwargs: seen.append(kwargs))
+    args = dict.fromkeys(
+        ("Q", "K", "V", "block_tables", "context_lens", "K_QScale", "V_QScale", "out_")
+    )
+    rocm_aiter_ops.pa_fwd_asm(block_tables_stride0=1, **args)
+    rocm_aiter_ops.pa_fwd_asm(block_tables_stride0=1, high_precision=2, **args)
+    assert [s["high_precision"] for s in seen] == [1, 2]
+
+
+# --------------------------------------------------------------------------------------
+# The kernel tests `upstream` writes into vLLM, on the CPU with the contract model
+
+
+def _kernel_test_module():
+    """The generated file in the in-tree session; its source here."""
+    if harness.IN_TREE:
+        path = Path(os.environ["ASM_DECODE_TEST_TREE"]) / (
+            "tests/kernels/attention/test_rocm_attn_asm_decode.py"
+        )
+        spec = importlib.util.spec_from_file_location("in_tree_kernel_test", path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    from vllm_rocm_asm_decode.tools.upstream.in_tree import kernel_test
+
+    return kernel_test
+
+
+@pytest.fixture
+def kernel_tests(monkeypatch, kernels):
+    module = _kernel_test_module()
+    assert module._SKIP is not None, "a CPU machine must skip the hardware tests"
+    monkeypatch.setattr(module, "DEVICE", "cpu")
+    return module
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize(("heads", "kvh"), [(40, 8), (32, 4)], ids=["40-8", "32-4"])
+def test_the_kernel_tests_for_vllm_pass_on_the_contract_model(kernel_tests, heads, kvh, dtype):
+    harness.reset_asm_calls()
+    kernel_tests.test_asm_decode_matches_fp32_and_the_hip_decode(heads, kvh, dtype)
+    assert len(harness.asm_calls()) == 1 and harness.KERNELS.hip_decode == 1
+
+
+def test_the_kernel_tests_catch_a_stale_binding(kernel_tests):
+    kernel_tests.test_a_layer_whose_scales_changed_runs_the_hip_decode()
+    assert harness.asm_calls() == [] and harness.KERNELS.hip_decode == 2
+
+
+def test_the_kernel_tests_catch_a_layout_mistake(kernel_tests, monkeypatch):
+    """A binding that hands the kernel V pages read token-major (``[block, head]``)
+    instead of AITER's ``[head, block]`` makes the accuracy test fail."""
+    real = kernel_tests.AsmDecodeImplMixin.make_binding
+
+    def swapped(self, *args, **kwargs):
+        binding = real(self, *args, **kwargs)
+        pages = binding.value_pages.transpose(2, 3).reshape(binding.value_cache.shape)
+        return type(binding)(**{**vars(binding), "value_cache": pages})
+
+    monkeypatch.setattr(kernel_tests.AsmDecodeImplMixin, "make_binding", swapped)
+    with pytest.raises(AssertionError):
+        kernel_tests.test_asm_decode_matches_fp32_and_the_hip_decode(40, 8, torch.bfloat16)
