@@ -69,6 +69,7 @@ def _in_tree_suite(env: dict[str, str]) -> dict[str, object]:
 background.declare("in-tree-suite", __file__, ["test_in_tree_suite"], _in_tree_suite, 60)
 
 
+@pytest.mark.skipif(harness.IN_TREE, reason="runs the in-tree session itself")
 def test_in_tree_suite():
     """``upstream`` applies to a copy of the installed vLLM, a second run changes nothing,
     and the e2e suite passes on the patched vLLM without the plugin: same routing, same
@@ -105,6 +106,39 @@ def test_rocm_attn_is_vllms_own_class_and_the_plugin_is_not_loaded():
     cls = AttentionBackendEnum.ROCM_ATTN.get_class()
     assert cls.__module__ == "vllm.v1.attention.backends.rocm_attn"
     assert Path(sys.modules["vllm"].__file__).is_relative_to(os.environ["ASM_DECODE_TEST_TREE"])
+
+
+@in_tree_only
+def test_the_plugin_stays_inactive_on_a_vllm_that_carries_the_change(monkeypatch):
+    """Registered anyway (say, VLLM_PLUGINS unset), it says so once and changes nothing;
+    its own settings are not read there (a bad one is reported, not raised)."""
+    import logging
+
+    from vllm import logger as vllm_logger
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    from vllm_rocm_asm_decode import plugin
+
+    for fn in (vllm_logger._print_info_once, vllm_logger._print_warning_once):
+        fn.cache_clear()
+    messages: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: messages.append(record.getMessage())  # type: ignore[method-assign]
+    log = logging.getLogger("vllm.rocm_asm_decode")
+    log.addHandler(handler)
+    old_level = log.level
+    log.setLevel(logging.DEBUG)
+    monkeypatch.setenv("VLLM_ROCM_ASM_DECODE_TRUST_AITER", "maybe")
+    try:
+        plugin.register()
+        plugin.register()
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(old_level)
+    assert AttentionBackendEnum.ROCM_ATTN.get_class().__module__.startswith("vllm.v1.")
+    inactive = [m for m in messages if "plugin inactive" in m]
+    assert len(inactive) == 1 and "already carries the ROCM_ATTN asm decode" in inactive[0]
+    assert sum("TRUST_AITER='maybe'" in m and "ignored" in m for m in messages) == 1
 
 
 @in_tree_only

@@ -67,6 +67,7 @@ LINE_LENGTH = 88
 SUPPORTED = (0, 33)
 
 _RUNTIME_DIR = Path(__file__).resolve().parents[2]
+_RUNTIME_NAME = _RUNTIME_DIR.name
 _TEST_SOURCE = Path(__file__).resolve().parent / "in_tree" / "kernel_test.py"
 
 
@@ -152,15 +153,20 @@ def _absolute(node: ast.ImportFrom, origin: str) -> str | None:
     """The absolute module of a package-relative import; None for ``.log`` (vLLM's
     logger replaces it)."""
     if node.level == 0:
-        return node.module
-    if node.level != 1 or node.module is None:
+        module = node.module or ""
+        if not module.startswith(f"{_RUNTIME_NAME}."):
+            return module
+        relative = module.removeprefix(f"{_RUNTIME_NAME}.")
+    elif node.level != 1 or node.module is None:
         raise UpstreamError(f"{origin}: unsupported relative import (level {node.level})")
-    name = node.module.split(".")[0]
+    else:
+        relative = node.module
+    name = relative.split(".")[0]
     if name == "log":
         return None
     if name in PLUGIN_ONLY or name == "tools":
         raise UpstreamError(f"{origin} imports the plugin-only module {name}")
-    return f"{PACKAGE}.{node.module}"
+    return f"{PACKAGE}.{relative}"
 
 
 def _section(module: str) -> int:
@@ -174,12 +180,12 @@ def _section(module: str) -> int:
     return 2
 
 
-def render_module(name: str, source: str | None = None) -> str:
+def render_module(name: str, source: str | None = None, origin: str | None = None) -> str:
     """Runtime module ``name`` as ``vllm/v1/attention/backends/rocm_asm_decode/<name>.py``:
     SPDX header, its top imports regrouped with vLLM first-party and package imports
     made absolute, ``logger = init_logger(__name__)`` for the plugin's logger, and
     imports inside functions made absolute in place."""
-    origin = f"{name}.py"
+    origin = origin or f"{name}.py"
     if source is None:
         source = (_RUNTIME_DIR / origin).read_text(encoding="utf-8")
     tree = ast.parse(source)
@@ -212,7 +218,11 @@ def render_module(name: str, source: str | None = None) -> str:
         block += "\n\nlogger = init_logger(__name__)"
     # Imports inside functions (and under TYPE_CHECKING), rewritten in place, bottom up.
     inner = [
-        n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level and n not in top
+        n
+        for n in ast.walk(tree)
+        if isinstance(n, ast.ImportFrom)
+        and n not in top
+        and (n.level or (n.module or "").startswith(f"{_RUNTIME_NAME}."))
     ]
     for node in sorted(inner, key=lambda n: -n.lineno):
         module = _absolute(node, origin)
@@ -240,8 +250,7 @@ def render_kernel_test(source: str | None = None) -> str:
     """The hardware tests, with the runtime imports pointing into vLLM."""
     if source is None:
         source = _TEST_SOURCE.read_text(encoding="utf-8")
-    source = source.replace("vllm_rocm_asm_decode.", f"{PACKAGE}.")
-    return SPDX + source
+    return render_module(KERNEL_TEST.stem, source, origin=_TEST_SOURCE.name)
 
 
 # --------------------------------------------------------------------------------------
@@ -287,7 +296,7 @@ class Source:
                 None,
             )
             if node is None:
-                kind = "class" if i < len(path) - 1 or path[0][0].isupper() else "def"
+                kind = "class" if i < len(path) - 1 or name[0].isupper() else "def"
                 where = ".".join(path[:i]) or "module"
                 raise self.moved(f"{kind} {name} not found in {where}")
             scope = node.body
@@ -295,7 +304,11 @@ class Source:
         return node
 
     def segment(self, node: ast.AST) -> str:
-        return ast.get_source_segment(self.text, node) or ""
+        """The source text of ``node`` (AST columns are UTF-8 byte offsets)."""
+        lines = [line.encode() for line in self.lines[node.lineno - 1 : node.end_lineno]]
+        lines[-1] = lines[-1][: node.end_col_offset]
+        lines[0] = lines[0][node.col_offset :]
+        return b"\n".join(lines).decode()
 
     def insert_after_line(self, lineno: int, block: str) -> None:
         lines = self.lines
@@ -562,7 +575,12 @@ def edit_envs(src: Source) -> None:
             n
             for n in tree.body
             if isinstance(n, ast.AnnAssign | ast.Assign)
-            and "environment_variables" in src.segment(n).split("=")[0]
+            and "environment_variables"
+            in [
+                t.id
+                for t in getattr(n, "targets", [getattr(n, "target", None)])
+                if isinstance(t, ast.Name)
+            ]
             and isinstance(n.value, ast.Dict)
         ),
         None,
