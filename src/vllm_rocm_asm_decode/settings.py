@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import os
 
+#: The plugin's name in ``vllm.general_plugins`` (what ``VLLM_PLUGINS`` lists).
+ENTRY_POINT = "rocm_asm_decode"
 SWITCH_ENV = "VLLM_ROCM_ASM_DECODE"
 CUT_ENV = "VLLM_ROCM_ASM_DECODE_CUT"
 TRUST_ENV = "VLLM_ROCM_ASM_DECODE_TRUST_AITER"
@@ -91,6 +93,19 @@ def cut_override() -> int | None:
             "(e.g. 512); unset it for the default of 2 x compute units"
         )
     return value
+
+
+def plugins_allow_list() -> list[str] | None:
+    """``VLLM_PLUGINS`` as vLLM reads it (comma-separated names); None when unset."""
+    raw = os.environ.get("VLLM_PLUGINS")
+    return None if raw is None else raw.split(",")
+
+
+def left_out_by_vllm_plugins() -> bool:
+    """Whether ``VLLM_PLUGINS`` is set and does not name this plugin (vLLM then does not
+    load it)."""
+    allowed = plugins_allow_list()
+    return allowed is not None and ENTRY_POINT not in allowed
 
 
 def cut_source() -> str | None:

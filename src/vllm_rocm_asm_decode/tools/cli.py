@@ -497,9 +497,11 @@ def _plugin_settings_problem() -> str | None:
     bad = [p for p in settings.problems() if not p.startswith(f"{settings.SWITCH_ENV}=")]
     if bad:
         return "; ".join(bad)
-    plugins = os.environ.get("VLLM_PLUGINS")
-    if plugins is not None and "rocm_asm_decode" not in plugins.split(","):
-        return f"VLLM_PLUGINS={plugins!r} leaves out rocm_asm_decode: no arm would run the plugin"
+    if settings.left_out_by_vllm_plugins():
+        return (
+            f"VLLM_PLUGINS={os.environ['VLLM_PLUGINS']!r} leaves out {settings.ENTRY_POINT}: "
+            "no arm would run the plugin"
+        )
     return None
 
 

@@ -27,7 +27,7 @@ from ..aiter_version import BLOCK_ID_LIMIT, FIRST_FIXED, AiterBuild, describe, i
 from ..kernel_table import ULTRA_PRECISION, KernelTable
 from .validation.selftest import Check
 
-ENTRY_POINT = "rocm_asm_decode"
+ENTRY_POINT = settings.ENTRY_POINT
 EXIT_MEANINGS = {
     0: "every check passed, the GPU self-test included",
     1: "a check failed (see FAIL above)",
@@ -136,10 +136,9 @@ def switches() -> list[dict[str, Any]]:
             ),
         )
     )
-    plugins = envs.VLLM_PLUGINS
-    if plugins is None:
+    if settings.plugins_allow_list() is None:
         plugins_effect = "every installed plugin loads, this one included (the default)"
-    elif ENTRY_POINT in plugins:
+    elif not settings.left_out_by_vllm_plugins():
         plugins_effect = f"allow-list names {ENTRY_POINT}: it loads"
     else:
         plugins_effect = f"allow-list without {ENTRY_POINT}: vLLM does not load the plugin"

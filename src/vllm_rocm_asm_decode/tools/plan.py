@@ -280,9 +280,8 @@ def switched_off() -> str | None:
     value: ``plan`` describes a deployment that sets it (the plugin needs it)."""
     if not settings.asm_decode_switch():
         return f"{settings.SWITCH_ENV}=0 (the asm decode is off)"
-    plugins = os.environ.get("VLLM_PLUGINS")
-    if plugins is not None and "rocm_asm_decode" not in plugins.split(","):
-        return f"VLLM_PLUGINS={plugins!r} leaves the plugin out"
+    if settings.left_out_by_vllm_plugins():
+        return f"VLLM_PLUGINS={os.environ['VLLM_PLUGINS']!r} leaves the plugin out"
     for name, default in (("VLLM_ROCM_USE_AITER", None), ("VLLM_ROCM_USE_AITER_MHA", "1")):
         value = os.environ.get(name, default)
         if value is not None and value.strip().lower() not in ("1", "true"):
