@@ -106,7 +106,10 @@ class RocmAsmDecodeMetadataBuilder(AsmDecodeBuilderMixin, RocmAttentionMetadataB
         device: torch.device,
     ) -> None:
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
-        self.init_asm_decode(plugin_settings(), kv_cache_spec)
+        if type(self) is RocmAsmDecodeMetadataBuilder:
+            # This builder only, as in-tree: the builders vLLM derives from it
+            # (chunked local attention, static sinks, ...) rewrite the metadata first.
+            self.init_asm_decode(plugin_settings(), kv_cache_spec)
 
     def build_for_cudagraph_capture(
         self, common_attn_metadata: CommonAttentionMetadata

@@ -38,6 +38,26 @@ def test_vllm_selects_the_plugin_backend_under_the_rocm_attn_name(tmp_path):
     assert model.layout.name == "LHBNC"
 
 
+def test_builders_derived_from_rocm_attns_keep_the_stock_decode(tmp_path, kernels):
+    """vLLM derives builders from the backend's (chunked local attention, static sinks,
+    KV-sharing fast prefill, Whisper's block pooling) that rewrite the metadata before
+    ``build()``: in both forms only ROCM_ATTN's own builder turns the asm path on."""
+    from vllm.v1.attention.backend import subclass_attention_backend
+
+    model = harness.build_model(tmp_path, num_layers=1)
+    derived = subclass_attention_backend(
+        name_prefix="Derived",
+        attention_backend_cls=model.backend,
+        builder_cls=type("DerivedBuilder", (model.backend.get_builder_cls(),), {}),
+    )
+    builder = derived.get_builder_cls()(
+        model.spec, model.names, model.vllm_config, torch.device("cpu")
+    )
+    metadata = builder.build(0, harness.make_batch(model, [40] * 20).common)
+    assert builder.asm_settings is None and not metadata.use_asm_decode
+    assert model.builder.build(0, harness.make_batch(model, [40] * 20).common).use_asm_decode
+
+
 def test_pure_decode_above_the_cut_runs_asm_and_matches_reference(tmp_path, kernels, plugin_log):
     model = harness.build_model(tmp_path, scales=[(0.5, 0.25), (1.0, 2.0)])
     # 20 sequences x 40 heads = 800 query heads > 2 x CUs (512 on gfx950, 608 on gfx942)

@@ -431,8 +431,8 @@ def edit_rocm_attn(src: Source) -> None:
             init.body[-1].end_lineno or init.body[-1].lineno,
             "\n"
             "        if type(self) is RocmAttentionMetadataBuilder:\n"
-            "            # ROCM_ATTN's own builder only: backends built on its classes\n"
-            "            # keep their decode.\n"
+            "            # ROCM_ATTN's own builder only: the backends and builders built\n"
+            "            # on it (unified, segmented, chunked local, ...) keep theirs.\n"
             "            switch, cut = envs.VLLM_ROCM_ASM_DECODE, "
             "envs.VLLM_ROCM_ASM_DECODE_CUT\n"
             "            self.init_asm_decode(asm_decode_settings(switch, cut), "
