@@ -320,11 +320,15 @@ class Source:
         lines[first - 1 : last] = block.split("\n")
         self.text = "\n".join(lines)
 
-    def insert_at(self, lineno: int, col: int, text: str) -> None:
-        """Insert ``text`` at an AST position (``col`` in UTF-8 bytes)."""
+    def add_item_after(self, node: ast.arg | ast.keyword, item: str) -> None:
+        """Add ``item`` after an argument or keyword of a one-per-line list, at its
+        indentation (the list's trailing comma then follows the new item)."""
         lines = self.lines
-        raw = lines[lineno - 1].encode()
-        lines[lineno - 1] = (raw[:col] + text.encode() + raw[col:]).decode()
+        end = node.end_lineno or node.lineno
+        raw = lines[end - 1].encode()
+        col = node.end_col_offset or 0
+        added = f",\n{' ' * node.col_offset}{item}".encode()
+        lines[end - 1] = (raw[:col] + added + raw[col:]).decode()
         self.text = "\n".join(lines)
 
 
@@ -503,12 +507,7 @@ def edit_aiter_ops(src: Source) -> None:
         out = next((a for a in fn.args.args if a.arg == "out_"), None)
         if out is None or names[-1] != "out_":
             raise src.moved("rocm_aiter_ops.pa_fwd_asm: out_ is not its last argument")
-        indent = " " * out.col_offset
-        src.insert_at(
-            out.end_lineno or out.lineno,
-            out.end_col_offset or 0,
-            f",\n{indent}high_precision: int = 1",
-        )
+        src.add_item_after(out, "high_precision: int = 1")
     fn = src.find("rocm_aiter_ops", "pa_fwd_asm")
     call = next(
         (
@@ -525,12 +524,7 @@ def edit_aiter_ops(src: Source) -> None:
         out_kw = keywords.get("out_")
         if out_kw is None or call.keywords[-1] is not out_kw:
             raise src.moved("rocm_aiter_ops.pa_fwd_asm: out_= is not the last keyword")
-        indent = " " * out_kw.col_offset
-        src.insert_at(
-            out_kw.end_lineno or out_kw.lineno,
-            out_kw.end_col_offset or 0,
-            f",\n{indent}high_precision=high_precision",
-        )
+        src.add_item_after(out_kw, "high_precision=high_precision")
 
 
 _ENV_DECLARATIONS = (
