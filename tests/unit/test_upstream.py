@@ -60,15 +60,66 @@ def run(capsys, *argv: str) -> tuple[int, str, str]:
 def test_check_writes_nothing_apply_writes_the_same_and_a_second_apply_nothing(tree, capsys):
     before = snapshot(tree)
     code, checked, err = run(capsys, str(tree), "--check")
-    assert code == 0 and err == ""
+    assert code == 1 and err == "" and "would change (nothing written)" in checked
     assert snapshot(tree) == before
     code, applied, _ = run(capsys, str(tree))
     assert code == 0
-    assert checked.splitlines()[1:] == applied.splitlines()[1:]  # the same diff stat
+    assert checked.splitlines()[1:] == applied.splitlines()[1:-1]  # the same diff stat
     assert "12 files changed" in applied and "(new)" in applied
     after = snapshot(tree)
-    code, again, _ = run(capsys, str(tree))
-    assert code == 0 and "no changes" in again and snapshot(tree) == after
+    for argv in ((str(tree),), (str(tree), "--check")):
+        code, again, _ = run(capsys, *argv)
+        assert code == 0 and again.endswith("already carries this change; nothing to do\n")
+        assert snapshot(tree) == after
+
+
+def test_all_or_nothing_when_a_file_cannot_be_written(tree, capsys):
+    (tree / "tests/kernels").mkdir(parents=True)
+    (tree / "tests/kernels/attention").write_text("a file where a directory goes\n")
+    before = snapshot(tree)
+    code, out, err = run(capsys, str(tree))
+    assert code == 2 and out == "" and err.count("\n") == 1, err
+    assert "no file was changed" in err
+    after = {k: v for k, v in snapshot(tree).items()}
+    assert after == before  # no file written, no staged file left behind
+
+
+def test_a_symlinked_file_is_replaced_not_written_through(tree, tmp_path):
+    outside = tmp_path / "installed_rocm_attn.py"
+    (tree / upstream.ROCM_ATTN).rename(outside)
+    (tree / upstream.ROCM_ATTN).symlink_to(outside)
+    original = outside.read_bytes()
+    upstream.apply(tree)
+    assert outside.read_bytes() == original
+    assert not (tree / upstream.ROCM_ATTN).is_symlink()
+    assert "forward_asm_decode" in (tree / upstream.ROCM_ATTN).read_text()
+
+
+def test_another_version_of_the_change_is_refused_not_stacked(tree, capsys):
+    upstream.apply(tree)
+    path = tree / upstream.ROCM_ATTN
+    path.write_text(path.read_text().replace("keep theirs.", "keep their decode."))
+    before = snapshot(tree)
+    code, _, err = run(capsys, str(tree))
+    assert code == 2 and "RocmAttentionMetadataBuilder.__init__ carries another version" in err
+    assert f"git checkout -- {upstream.ROCM_ATTN}" in err and snapshot(tree) == before
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [(b"# caf\xe9\n", "is not UTF-8 text"), (None, "is not a vLLM source tree")],
+    ids=["latin-1-byte", "envs-missing"],
+)
+def test_unreadable_files_are_one_line(tree, capsys, damage, message):
+    if damage is None:
+        (tree / upstream.ENVS).unlink()
+    else:
+        with open(tree / upstream.ROCM_ATTN, "ab") as f:
+            f.write(damage)
+    for argv in ((str(tree),), (str(tree), "--check")):
+        code, out, err = run(capsys, *argv)
+        assert code == 2 and out == "" and message in err and err.count("\n") == 1, err
+        assert str(tree) in err and "upstream-check" not in err  # names DIR, not the copy
 
 
 def test_the_three_vllm_files_only_gain_lines_except_where_a_line_is_rewrapped(tree):
@@ -227,9 +278,10 @@ def test_only_vllm_0_33_trees_are_taken(tree, capsys, version, ok):
     (tree / "vllm/_version.py").write_text(f"__version__ = version = '{version}'\n")
     code, _, err = run(capsys, str(tree), "--check")
     if ok:
-        assert code == 0, err
+        assert code == 1, err  # changes to make
     else:
-        assert code == 2 and f"is vLLM {version}; this change is written for vLLM 0.33.x" in err
+        assert code == 2, err
+        assert f"is vLLM {version} (from vllm/_version.py); this change is written" in err
 
 
 def test_a_checkout_without_a_version_file_is_read_from_its_git_tag(tree, capsys):
@@ -241,21 +293,29 @@ def test_a_checkout_without_a_version_file_is_read_from_its_git_tag(tree, capsys
     subprocess.run([*git, "add", "."], check=True)
     subprocess.run([*git, "commit", "-qm", "base"], check=True)
     subprocess.run([*git, "tag", "v0.33.1"], check=True)
-    assert upstream.tree_version(tree) == "0.33.1"
+    assert upstream.tree_version(tree) == ("0.33.1", "its git tag")
     code, out, err = run(capsys, str(tree), "--check")
-    assert code == 0 and "would change" in out, err
+    assert code == 1 and "would change" in out, err
+    # A _version.py left from an older build does not outrank the checkout's tag.
+    (tree / "vllm/_version.py").write_text("__version__ = '0.34.1.dev5'\n")
+    assert upstream.tree_version(tree) == ("0.33.1", "its git tag")
     subprocess.run([*git, "tag", "-d", "v0.33.1"], check=True, capture_output=True)
     subprocess.run([*git, "tag", "v0.32.0"], check=True)
     code, _, err = run(capsys, str(tree))
-    assert code == 2 and "vLLM 0.32.0" in err
+    assert code == 2 and "vLLM 0.32.0 (from its git tag)" in err
+    # A tree inside another checkout does not take that checkout's tag.
+    inner = tree / "inner"
+    shutil.copytree(tree / "vllm", inner / "vllm", ignore=shutil.ignore_patterns("_version.py"))
+    code, _, err = run(capsys, str(inner), "--check")
+    assert code == 2 and "cannot tell which vLLM" in err
 
 
 @pytest.mark.parametrize(
     ("make", "message"),
     [
-        (lambda p: p / "missing", "is not a directory"),
+        (lambda p: p / "missing", "does not exist"),
         (lambda p: p, "is not a vLLM source tree (no vllm/v1/attention/backends/rocm_attn.py)"),
-        (lambda p: (p / "f").write_text("x") or p / "f", "is not a directory"),
+        (lambda p: (p / "f", (p / "f").write_text("x"))[0], "is not a directory"),
     ],
     ids=["missing", "not-vllm", "a-file"],
 )

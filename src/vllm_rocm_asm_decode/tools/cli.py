@@ -135,7 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--check",
         action="store_true",
         help="apply to a temporary copy of the files it touches and print the diff stat; "
-        "DIR is not written",
+        "DIR is not written (exit 1 when there are changes to make)",
     )
 
     bench = sub.add_parser("bench", help="measure on an AMD GPU").add_subparsers(

@@ -22,15 +22,18 @@ of an installed vLLM's Python files):
 
 No copy of vLLM's files is stored here: each edit finds its place by name (a class, a
 ``def``, a dict key) in the file as it is, and stops with one line naming the anchor
-when it has moved. An edit already made is left alone, so a second run changes nothing.
-Trees other than vLLM 0.33.x are refused. ``--check`` applies the change to a temporary
-copy and prints what it would change.
+when it has moved. An edit already made is left alone, so a second run changes nothing;
+a file carrying another version of an edit is refused. Writing is all or nothing.
+Trees other than vLLM 0.33.x are refused, and so is an installed ``site-packages``.
+``--check`` applies the change to a temporary copy and prints what it would change.
+Exit status: 0 written, or nothing to do; 1 ``--check`` found changes; 2 an error.
 """
 
 from __future__ import annotations
 
 import ast
 import difflib
+import os
 import re
 import shutil
 import subprocess
@@ -79,43 +82,67 @@ class UpstreamError(Exception):
 # The tree
 
 
-def tree_version(root: Path) -> str:
-    """The vLLM version of the tree at ``root``: ``vllm/_version.py`` (an installed
-    package or a built checkout), else ``git describe`` of a checkout."""
+def _read(path: Path) -> str:
+    """A file's text; unreadable or non-UTF-8 files are one-line errors."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise UpstreamError(f"{path} is not UTF-8 text (byte {exc.start})") from None
+    except OSError as exc:
+        raise UpstreamError(f"cannot read {path}: {exc.strerror or exc}") from None
+
+
+def _git(root: Path, *args: str) -> str | None:
+    try:
+        done = subprocess.run(
+            ["git", "-C", str(root), *args], capture_output=True, text=True, timeout=30
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def tree_version(root: Path) -> tuple[str, str]:
+    """The vLLM version of the tree at ``root`` and where it was read: the tag ``git
+    describe`` finds when ``root`` is the top of a git checkout (a checkout's
+    ``_version.py`` may be left from an older build), else ``vllm/_version.py`` (an
+    installed package's, or a built checkout's)."""
+    top = _git(root, "rev-parse", "--show-toplevel")
+    if top is not None and Path(top).resolve() == root.resolve():
+        tag = _git(root, "describe", "--tags", "--match", "v[0-9]*")
+        if tag is not None:
+            return tag.removeprefix("v"), "its git tag"
     version_file = root / "vllm" / "_version.py"
     if version_file.is_file():
         found = re.search(
             r"^__version__\s*=\s*(?:version\s*=\s*)?['\"]([^'\"]+)['\"]",
-            version_file.read_text(encoding="utf-8"),
+            _read(version_file),
             re.MULTILINE,
         )
         if found:
-            return found[1]
-    try:
-        described = subprocess.run(
-            ["git", "-C", str(root), "describe", "--tags", "--match", "v*"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        described = None
-    if described is not None and described.returncode == 0:
-        return described.stdout.strip().removeprefix("v")
+            return found[1], "vllm/_version.py"
     raise UpstreamError(f"cannot tell which vLLM {root} is: no vllm/_version.py and no v* git tag")
 
 
 def check_tree(root: Path) -> str:
     """The tree's vLLM version; raises :class:`UpstreamError` unless it is 0.33.x."""
+    if not root.exists():
+        raise UpstreamError(f"{root} does not exist")
     if not root.is_dir():
         raise UpstreamError(f"{root} is not a directory")
     if not (root / ROCM_ATTN).is_file():
         raise UpstreamError(f"{root} is not a vLLM source tree (no {ROCM_ATTN})")
-    version = tree_version(root)
+    installed = sorted(root.glob("vllm-*.dist-info"))
+    if installed:
+        raise UpstreamError(
+            f"{root} holds an installed vLLM ({installed[0].name}); write into a git "
+            "checkout, or into a copy of its vllm/ directory elsewhere"
+        )
+    version, source = tree_version(root)
     numbers = re.match(r"(\d+)\.(\d+)", version)
     if numbers is None or (int(numbers[1]), int(numbers[2])) != SUPPORTED:
         raise UpstreamError(
-            f"{root} is vLLM {version}; this change is written for vLLM 0.33.x only"
+            f"{root} is vLLM {version} (from {source}); this change is written for vLLM 0.33.x only"
         )
     return version
 
@@ -277,6 +304,20 @@ class Source:
                 f"{self.path}: does not parse ({exc.msg}, line {exc.lineno})"
             ) from None
 
+    def carries(self, block: str, marker: str, scope: ast.AST | None, where: str) -> bool:
+        """Whether ``block`` is already there, as this version writes it. Raises when
+        ``marker`` shows an edit of another version (an older ``upstream``, or a hand
+        edit) in ``scope`` (the module when None), which a rerun must not stack on."""
+        if block in self.text:
+            return True
+        scope_text = self.text if scope is None else self.segment(scope)
+        if marker in scope_text:
+            raise UpstreamError(
+                f"{self.path}: {where} carries another version of this change; "
+                f"start from vLLM's own file (git checkout -- {self.path})"
+            )
+        return False
+
     def moved(self, anchor: str) -> UpstreamError:
         return UpstreamError(
             f"{self.path}: anchor moved: {anchor} (this change is written for vLLM 0.33.x)"
@@ -380,7 +421,7 @@ def _import_module(node: ast.stmt) -> str:
 def add_import(src: Source, statement: str, module: str, plain: bool = False) -> None:
     """Add a top-level vLLM import where ruff's isort puts it: ``import x`` lines before
     ``from x import`` lines, each sorted by module."""
-    if statement.split("\n")[0] in src.lines:
+    if src.carries(statement, statement.split("\n")[0], None, f"the import of {module}"):
         return
     top = [n for n in src.tree().body if isinstance(n, ast.Import | ast.ImportFrom)]
     vllm = [n for n in top if _import_module(n).split(".")[0] == "vllm"]
@@ -412,39 +453,39 @@ def edit_rocm_attn(src: Source) -> None:
     add_import(src, import_line(asm_path, [*_HALVES, "asm_decode_settings"]), asm_path)
 
     metadata = src.find("RocmAttentionMetadata")
-    fields = {
-        n.target.id
-        for n in metadata.body
-        if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)
-    }
-    if "use_asm_decode" not in fields:
+    fields = (
+        "    # The step's decode kernel, chosen by the builder (rocm_asm_decode).\n"
+        "    use_asm_decode: bool = False\n"
+        "    asm_split: MixedSplit | None = None\n"
+        "    asm_bindings: AsmBindings | None = None"
+    )
+    if not src.carries(fields, "use_asm_decode", metadata, "RocmAttentionMetadata"):
         src.insert_after_line(
-            metadata.body[-1].end_lineno or metadata.body[-1].lineno,
-            "\n"
-            "    # The step's decode kernel, chosen by the builder (rocm_asm_decode).\n"
-            "    use_asm_decode: bool = False\n"
-            "    asm_split: MixedSplit | None = None\n"
-            "    asm_bindings: AsmBindings | None = None",
+            metadata.body[-1].end_lineno or metadata.body[-1].lineno, "\n" + fields
         )
 
     builder = "RocmAttentionMetadataBuilder"
     add_base(src, builder, "AsmDecodeBuilderMixin")
     init = src.find(builder, "__init__")
-    if "init_asm_decode" not in src.segment(init):
-        src.insert_after_line(
-            init.body[-1].end_lineno or init.body[-1].lineno,
-            "\n"
-            "        if type(self) is RocmAttentionMetadataBuilder:\n"
-            "            # ROCM_ATTN's own builder only: the backends and builders built\n"
-            "            # on it (unified, segmented, chunked local, ...) keep theirs.\n"
-            "            switch, cut = envs.VLLM_ROCM_ASM_DECODE, "
-            "envs.VLLM_ROCM_ASM_DECODE_CUT\n"
-            "            self.init_asm_decode(asm_decode_settings(switch, cut), "
-            "kv_cache_spec)",
-        )
+    setup = (
+        "        if type(self) is RocmAttentionMetadataBuilder:\n"
+        "            # ROCM_ATTN's own builder only: the backends and builders built\n"
+        "            # on it (unified, segmented, chunked local, ...) keep theirs.\n"
+        "            switch, cut = envs.VLLM_ROCM_ASM_DECODE, envs.VLLM_ROCM_ASM_DECODE_CUT\n"
+        "            self.init_asm_decode(asm_decode_settings(switch, cut), kv_cache_spec)"
+    )
+    if not src.carries(setup, "init_asm_decode", init, f"{builder}.__init__"):
+        src.insert_after_line(init.body[-1].end_lineno or init.body[-1].lineno, "\n" + setup)
 
     capture = src.find(builder, "build_for_cudagraph_capture")
-    if "asm_capture_build" not in src.segment(capture):
+    where = f"{builder}.build_for_cudagraph_capture"
+    if not src.carries(
+        "        with self.asm_capture_build():\n"
+        "            attn_metadata = self.build(0, common_attn_metadata)\n",
+        "asm_capture_build",
+        capture,
+        where,
+    ):
         call = next(
             (
                 n
@@ -465,7 +506,8 @@ def edit_rocm_attn(src: Source) -> None:
         )
 
     build = src.find(builder, "build")
-    if "decide_asm_step" not in src.segment(build):
+    decide = "        self.decide_asm_step(attn_metadata, common_attn_metadata)\n"
+    if not src.carries(decide, "decide_asm_step", build, f"{builder}.build"):
         ret = build.body[-1]
         if not (
             isinstance(ret, ast.Return)
@@ -473,37 +515,32 @@ def edit_rocm_attn(src: Source) -> None:
             and ret.value.id == "attn_metadata"
         ):
             raise src.moved(f"{builder}.build does not end in `return attn_metadata`")
-        src.insert_after_line(
-            ret.lineno - 1,
-            "        self.decide_asm_step(attn_metadata, common_attn_metadata)",
-        )
+        src.insert_after_line(ret.lineno - 1, decide.rstrip("\n"))
 
     impl = "RocmAttentionImpl"
     add_base(src, impl, "AsmDecodeImplMixin")
     forward = src.find(impl, "forward")
-    if "forward_asm_decode" not in src.segment(forward):
+    wanted = ["self", "layer", "query", "key", "value", "kv_cache", "attn_metadata"]
+    wanted += ["output", "output_scale", "output_block_scale"]
+    call = bracketed(
+        "if self.forward_asm_decode",
+        [*wanted[1:8], "output_scale is not None or output_block_scale is not None"],
+        ":",
+        indent="        ",
+    )
+    branch = f"{call}\n            return output\n"
+    if not src.carries(branch, "forward_asm_decode", forward, f"{impl}.forward"):
         args = [a.arg for a in forward.args.args]
-        wanted = ["self", "layer", "query", "key", "value", "kv_cache", "attn_metadata"]
-        wanted += ["output", "output_scale", "output_block_scale"]
         if args != wanted:
-            raise src.moved(f"{impl}.forward({', '.join(args)})")
-        first = _body_start(forward)
-        call = bracketed(
-            "if self.forward_asm_decode",
-            [
-                *wanted[1:8],
-                "output_scale is not None or output_block_scale is not None",
-            ],
-            ":",
-            indent="        ",
-        )
-        src.insert_after_line(first.lineno - 1, f"{call}\n            return output\n")
+            raise src.moved(f"{impl}.forward({', '.join(args)}), not ({', '.join(wanted)})")
+        src.insert_after_line(_body_start(forward).lineno - 1, branch)
 
 
 def edit_aiter_ops(src: Source) -> None:
     fn = src.find("rocm_aiter_ops", "pa_fwd_asm")
     names = [a.arg for a in fn.args.args]
-    if "high_precision" not in names:
+    where = "rocm_aiter_ops.pa_fwd_asm"
+    if not src.carries("        high_precision: int = 1,\n", "high_precision", fn, where):
         out = next((a for a in fn.args.args if a.arg == "out_"), None)
         if out is None or names[-1] != "out_":
             raise src.moved("rocm_aiter_ops.pa_fwd_asm: out_ is not its last argument")
@@ -520,7 +557,7 @@ def edit_aiter_ops(src: Source) -> None:
     if call is None:
         raise src.moved("rocm_aiter_ops.pa_fwd_asm: no call of aiter's pa_fwd_asm")
     keywords = {k.arg: k for k in call.keywords}
-    if "high_precision" not in keywords:
+    if not src.carries("high_precision=high_precision,\n", "high_precision=", call, where):
         out_kw = keywords.get("out_")
         if out_kw is None or call.keywords[-1] is not out_kw:
             raise src.moved("rocm_aiter_ops.pa_fwd_asm: out_= is not the last keyword")
@@ -558,7 +595,8 @@ def edit_envs(src: Source) -> None:
         for n in checking.body
         if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)
     }
-    if "VLLM_ROCM_ASM_DECODE" not in declared:
+    typed = "the TYPE_CHECKING declarations"
+    if not src.carries(_ENV_DECLARATIONS, "VLLM_ROCM_ASM_DECODE", checking, typed):
         if anchor not in declared:
             raise src.moved(f"{anchor} is not declared under TYPE_CHECKING")
         node = declared[anchor]
@@ -587,7 +625,7 @@ def edit_envs(src: Source) -> None:
         for k, v in zip(table.value.keys, table.value.values, strict=True)
         if isinstance(k, ast.Constant)
     }
-    if "VLLM_ROCM_ASM_DECODE" in keys:
+    if src.carries(_ENV_ENTRIES, '"VLLM_ROCM_ASM_DECODE', table, "environment_variables"):
         return
     if anchor not in keys:
         raise src.moved(f"{anchor} is not in environment_variables")
@@ -619,7 +657,7 @@ def changed_files(root: Path) -> dict[Path, str]:
         path = root / rel
         if not path.is_file():
             raise UpstreamError(f"{root} is not a vLLM source tree (no {rel})")
-        src = Source(rel, path.read_text(encoding="utf-8"))
+        src = Source(rel, _read(path))
         edit(src)
         files[rel] = src.text
     files[KERNEL_TEST] = render_kernel_test()
@@ -645,68 +683,98 @@ def diff_counts(old: str, new: str) -> tuple[int, int]:
 
 
 def apply(root: Path) -> list[FileChange]:
-    """Write the change into ``root``; returns what changed (nothing on a second run)."""
+    """Write the change into ``root``; returns what changed (nothing on a second run).
+
+    All or nothing: every new text is computed, then staged next to its file, then moved
+    into place; a file that cannot be written leaves every file as it was. A symlinked
+    file is replaced by a file of its own, never written through.
+    """
     check_tree(root)
-    files = changed_files(root)  # everything is computed before anything is written
-    changes = []
-    for rel, text in files.items():
-        path = root / rel
-        old = path.read_text(encoding="utf-8") if path.is_file() else None
-        if old == text:
-            continue
-        try:
+    files = changed_files(root)
+    changes, staged = [], []
+    try:
+        for rel, text in files.items():
+            path = root / rel
+            if path.exists() and not path.is_file():
+                raise UpstreamError(f"{path} is in the way (not a file); no file was changed")
+            old = _read(path) if path.is_file() else None
+            if old == text:
+                continue
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text, encoding="utf-8")
-        except OSError as exc:
-            raise UpstreamError(f"cannot write {path}: {exc.strerror or exc}") from None
-        changes.append(FileChange(rel, *diff_counts(old or "", text), new=old is None))
+            temp = path.with_name(f".{path.name}.upstream~")
+            staged.append((temp, path))
+            temp.write_text(text, encoding="utf-8")
+            changes.append(FileChange(rel, *diff_counts(old or "", text), new=old is None))
+    except (OSError, UpstreamError) as exc:
+        for temp, _ in staged:
+            temp.unlink(missing_ok=True)
+        if isinstance(exc, UpstreamError):
+            raise
+        failed = exc.filename or path
+        raise UpstreamError(
+            f"cannot write {failed}: {exc.strerror or exc}; no file was changed"
+        ) from None
+    for temp, path in staged:
+        os.replace(temp, path)
     return changes
 
 
 def check(root: Path) -> list[FileChange]:
     """Apply the change to a temporary copy of what it touches in ``root``."""
-    check_tree(root)
+    version = check_tree(root)
     with tempfile.TemporaryDirectory(prefix="vllm-upstream-check-") as tmp:
         copy = Path(tmp)
-        touched = [ROCM_ATTN, AITER_OPS, ENVS, Path("vllm/_version.py"), KERNEL_TEST]
+        touched = [ROCM_ATTN, AITER_OPS, ENVS, KERNEL_TEST]
         touched += [PACKAGE_DIR / f"{n}.py" for n in ("__init__", *RUNTIME_MODULES)]
-        for rel in touched:
-            if (root / rel).is_file():
-                (copy / rel).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(root / rel, copy / rel)
-        if not (root / "vllm/_version.py").is_file():
-            (copy / "vllm/_version.py").write_text(
-                f"__version__ = {tree_version(root)!r}\n", encoding="utf-8"
-            )
-        return apply(copy)
+        try:
+            for rel in touched:
+                if (root / rel).is_file():
+                    (copy / rel).parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copyfile(root / rel, copy / rel)
+        except OSError as exc:
+            raise UpstreamError(f"cannot read {exc.filename}: {exc.strerror}") from None
+        (copy / "vllm/_version.py").write_text(f"__version__ = {version!r}\n")
+        try:
+            return apply(copy)
+        except UpstreamError as exc:  # name the user's tree, not the copy
+            raise UpstreamError(str(exc).replace(str(copy), str(root))) from None
 
 
 def diff_stat(changes: list[FileChange]) -> str:
-    """The changes as ``git diff --stat`` shows them."""
-    if not changes:
-        return " no changes (the tree already carries this change)"
+    """The changes as a diff stat: lines added and removed per file, bars scaled to the
+    largest."""
     width = max(len(str(c.path)) for c in changes)
-    rows = [
-        f" {c.path!s:<{width}} | {c.added + c.removed:>5} "
-        + "+" * min(c.added, 40)
-        + "-" * min(c.removed, 40)
-        + (" (new)" if c.new else "")
-        for c in changes
-    ]
+    most = max(c.added + c.removed for c in changes)
+    scale = min(1.0, 40 / most)
+    rows = []
+    for c in changes:
+        plus, minus = round(c.added * scale), round(c.removed * scale)
+        bar = "+" * (plus or bool(c.added)) + "-" * (minus or bool(c.removed))
+        new = " (new)" if c.new else ""
+        rows.append(f" {c.path!s:<{width}} | {c.added + c.removed:>5} {bar}{new}")
     added = sum(c.added for c in changes)
     removed = sum(c.removed for c in changes)
-    rows.append(f" {len(changes)} files changed, {added} insertions(+), {removed} deletions(-)")
+    files = "file" if len(changes) == 1 else "files"
+    rows.append(f" {len(changes)} {files} changed, {added} insertions(+), {removed} deletions(-)")
     return "\n".join(rows)
 
 
 def main(directory: str, dry_run: bool) -> int:
+    """0: written, or nothing to do; 1: ``--check`` found changes to make; 2: error."""
     root = Path(directory)
     try:
         changes = check(root) if dry_run else apply(root)
     except UpstreamError as exc:
         print(f"vllm-rocm-asm-decode upstream: error: {exc}", file=sys.stderr)
         return 2
-    verb = "would change" if dry_run else "changed"
-    print(f"{root}: {verb}")
+    if not changes:
+        print(f"{root}: already carries this change; nothing to do")
+        return 0
+    if dry_run:
+        print(f"{root}: would change (nothing written):")
+        print(diff_stat(changes))
+        return 1
+    print(f"{root}: changed:")
     print(diff_stat(changes))
+    print("next: git add -A && pre-commit run --files $(git diff --cached --name-only)")
     return 0
