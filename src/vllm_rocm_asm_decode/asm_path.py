@@ -37,7 +37,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from vllm.config import CUDAGraphMode, VllmConfig, get_layers_from_vllm_config
@@ -213,7 +213,7 @@ class AsmDecodeImplMixin:
         )
 
     def scale_table_keys(
-        self, layer: torch.nn.Module, kv_cache: torch.Tensor
+        self, layer: Any, kv_cache: torch.Tensor
     ) -> tuple[TableKey, TableKey]:
         """The shared tables this layer's binding will use, shaped as the kernel indexes
         them: K's block count, KV heads and block size, at the layer's final scales."""
@@ -227,7 +227,7 @@ class AsmDecodeImplMixin:
 
     def make_binding(
         self,
-        layer: torch.nn.Module,
+        layer: Any,
         kv_cache: torch.Tensor,
         kernel: AsmKernel,
         query_dtype: torch.dtype,
@@ -259,7 +259,7 @@ class AsmDecodeImplMixin:
 
     def forward_asm_decode(
         self,
-        layer: torch.nn.Module,
+        layer: Any,
         query: torch.Tensor,
         key: torch.Tensor | None,
         value: torch.Tensor | None,
@@ -280,6 +280,7 @@ class AsmDecodeImplMixin:
             return False
         assert attn_metadata is not None
         bindings = attn_metadata.asm_bindings
+        assert bindings is not None  # set with the step's choice
         binding = bindings.layers.get(layer.layer_name)
         if binding is None or not self._call_runs_asm(
             binding, bindings, layer, query, kv_cache, output, output_quant_requested
@@ -304,7 +305,7 @@ class AsmDecodeImplMixin:
         self,
         binding: AsmLayerBinding,
         bindings: AsmBindings,
-        layer: torch.nn.Module,
+        layer: Any,
         query: torch.Tensor,
         kv_cache: torch.Tensor,
         output: torch.Tensor,
@@ -357,7 +358,7 @@ class AsmDecodeImplMixin:
         self,
         binding: AsmLayerBinding,
         split: MixedSplit,
-        layer: torch.nn.Module,
+        layer: Any,
         query: torch.Tensor,
         key: torch.Tensor | None,
         value: torch.Tensor | None,
@@ -539,8 +540,9 @@ class AsmDecodeBuilderMixin:
             ).values()
             if isinstance(layer.impl, AsmDecodeImplMixin)
         ]
+        impls = {layer: cast(AsmDecodeImplMixin, layer.impl) for layer in layers}
         cached = [
-            layer for layer in layers if layer.impl.attn_type == AttentionType.DECODER
+            layer for layer in layers if impls[layer].attn_type == AttentionType.DECODER
         ]
         if any(layer.kv_cache.dim() != 4 for layer in cached):
             return  # the KV cache is not bound yet: decide at a later build
@@ -568,15 +570,15 @@ class AsmDecodeBuilderMixin:
         compute_units = num_compute_units()
         self.asm_cut = resolve_cut(compute_units, settings.cut)
         for layer in layers:
-            if layer.impl.attn_type != AttentionType.DECODER:
+            if impls[layer].attn_type != AttentionType.DECODER:
                 # Encoder attention has no paged KV cache to decode from.
-                layer.impl.asm_rejections = ["not decoder self-attention"]
+                impls[layer].asm_rejections = ["not decoder self-attention"]
         cache_config = self.vllm_config.cache_config
         model_config = self.vllm_config.model_config
         self.asm_bindings.layers = decide_layers(
             [(layer, layer.kv_cache) for layer in cached],
             kernel,
-            model_config.dtype,
+            cast(torch.dtype, model_config.dtype),
             model_config.max_model_len,
             # Tables may take only memory vLLM did not claim for itself.
             None
@@ -586,7 +588,7 @@ class AsmDecodeBuilderMixin:
         )
         when = "after a KV cache re-bind or scale reload, " if again else ""
         for layer in layers:
-            for reason in layer.impl.asm_rejections or ():
+            for reason in impls[layer].asm_rejections or ():
                 log = logger.warning_once if again else logger.info_once
                 log(
                     "ROCM_ATTN asm decode: %slayers with %s keep the HIP decode",

@@ -92,7 +92,7 @@ def rejection_reasons(
     elif not kernels.arch:
         # The launcher picks from the table of the arch it runs on; none is known here.
         reasons.append("an unknown GPU architecture (neither vLLM nor torch names it)")
-    elif q_ok and f.block_size == ASM_BLOCK_SIZE:
+    elif q_ok and q_type is not None and f.block_size == ASM_BLOCK_SIZE:
         # Launcher: no table row -> hard error. Asked for exactly as the call will ask.
         gqa = f.num_heads // f.num_kv_heads
         row = kernels.find(

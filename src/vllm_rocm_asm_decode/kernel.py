@@ -77,7 +77,9 @@ def current_arch() -> str:
     if arch:
         return arch
     try:
-        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        props = torch.cuda.get_device_properties(
+            torch.accelerator.current_device_index()
+        )
         return normalize_arch(props.gcnArchName or "")
     except Exception:  # no GPU, a torch without ROCm, or no gcnArchName
         return ""

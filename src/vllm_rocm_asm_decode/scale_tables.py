@@ -63,13 +63,13 @@ def table_bytes(key: TableKey) -> int:
 def table_memory(
     device: torch.device, claimed_fraction: float | None = None
 ) -> int | None:
-    """Bytes the tables may take on ``device``, from one ``torch.cuda.mem_get_info``:
+    """Bytes the tables may take on ``device``, from one ``get_memory_info`` reading:
     the free memory, capped to the share vLLM left unclaimed (``1 -
     gpu_memory_utilization`` of the total; the rest of the free memory is headroom vLLM
     counted on for activations and CUDA graphs). None where the device reports no
     figure (the CPU)."""
     try:
-        free, total = torch.cuda.mem_get_info(device)
+        free, total = torch.accelerator.get_memory_info(device)
     except Exception as exc:  # not a GPU device, or no GPU runtime
         if device.type == "cuda":
             logger.warning_once(

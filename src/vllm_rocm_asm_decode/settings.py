@@ -12,7 +12,11 @@
                               whose block-id probe ``doctor`` has passed).
 
 A value that is not understood is an error that names the variable and the value: a
-typo must not silently change which kernel serves traffic.
+typo must not silently change which kernel serves traffic. The values accepted are
+read as vLLM reads its own ROCm switches (``1``/``true`` on, ``0``/``false`` off, any
+case; the cut as ``int()`` reads it), so the in-tree form (``vllm/envs.py``) routes
+every accepted value the same way; what vLLM would quietly read as off (an empty value,
+``yes``, a typo) is an error here.
 """
 
 from __future__ import annotations
@@ -25,8 +29,8 @@ SWITCH_ENV = "VLLM_ROCM_ASM_DECODE"
 CUT_ENV = "VLLM_ROCM_ASM_DECODE_CUT"
 TRUST_ENV = "VLLM_ROCM_ASM_DECODE_TRUST_AITER"
 
-_TRUE = ("1", "true", "yes", "on")
-_FALSE = ("0", "false", "no", "off")
+_TRUE = ("1", "true")
+_FALSE = ("0", "false")
 
 
 class SettingError(ValueError):
@@ -35,9 +39,9 @@ class SettingError(ValueError):
 
 def _flag(name: str, default: bool, meaning: str) -> bool:
     raw = os.environ.get(name)
-    if raw is None or raw.strip() == "":
+    if raw is None:
         return default
-    value = raw.strip().lower()
+    value = raw.lower()
     if value in _TRUE:
         return True
     if value in _FALSE:
@@ -81,10 +85,10 @@ def check_all() -> None:
 def cut_override() -> int | None:
     """``VLLM_ROCM_ASM_DECODE_CUT`` as a positive int, or None when unset."""
     raw = os.environ.get(CUT_ENV)
-    if raw is None or raw.strip() == "":
+    if raw is None:
         return None
     try:
-        value = int(raw.strip())
+        value = int(raw)
     except ValueError:
         value = 0
     if value <= 0:

@@ -13,8 +13,9 @@ import torch
 import harness
 from conftest import ARCH
 from rocm_emulation import COMPUTE_UNITS, KERNEL_STANDIN
-from vllm_rocm_asm_decode import scale_tables
-from vllm_rocm_asm_decode.kernel import current_arch
+
+scale_tables = harness.runtime("scale_tables")
+current_arch = harness.runtime("kernel").current_arch
 
 CUT = 2 * COMPUTE_UNITS[ARCH]
 #: One layer, 8 query heads over 1 KV head (GQA 8): 4 KiB per K or V page, so a pool past
@@ -138,16 +139,17 @@ def fresh_store(monkeypatch):
 
 @pytest.fixture
 def device_memory(monkeypatch):
-    """``torch.cuda.mem_get_info`` answering chosen free and total figures for any device;
+    """``torch.accelerator.get_memory_info`` answering chosen free and total figures for
+    any device;
     records every query."""
     queries: list[object] = []
     answer = {"free": 0, "total": 192 * 1024**3}
 
-    def mem_get_info(device=None):
+    def get_memory_info(device=None):
         queries.append(device)
         return answer["free"], answer["total"]
 
-    monkeypatch.setattr(torch.cuda, "mem_get_info", mem_get_info)
+    monkeypatch.setattr(torch.accelerator, "get_memory_info", get_memory_info)
     return answer, queries
 
 
@@ -217,7 +219,7 @@ def test_tables_take_only_memory_vllm_did_not_claim(tmp_path, kernels, fresh_sto
 
 
 def test_a_device_without_a_memory_figure_skips_the_check(tmp_path, kernels, fresh_store):
-    """On the CPU ``torch.cuda.mem_get_info`` has no answer: every eligible layer binds."""
+    """On the CPU there is no memory figure: every eligible layer binds."""
     assert scale_tables.table_memory(torch.device("cpu"), 0.9) is None
     model = harness.build_model(tmp_path, num_layers=3, num_blocks=64, scales=[(0.5, 0.7)] * 3)
     model.builder.build(0, harness.make_batch(model, [40] * 20).common)
@@ -232,7 +234,7 @@ def test_arch_falls_back_to_torch_then_to_unknown(tmp_path, kernels, plugin_log,
     from vllm.platforms import rocm
 
     monkeypatch.setattr(rocm, "_GCN_ARCH", "")
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.accelerator, "current_device_index", lambda: 0)
     monkeypatch.setattr(
         torch.cuda,
         "get_device_properties",

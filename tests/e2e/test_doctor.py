@@ -126,7 +126,7 @@ def gpu_here(monkeypatch, kernels, short_contexts):
     from vllm_rocm_asm_decode.tools.validation import gpu
 
     monkeypatch.setattr(gpu, "rocm_gpu_problem", lambda: None)
-    monkeypatch.setenv("VLLM_ROCM_ASM_DECODE_CUT", "")  # the self-test clears it; restore
+    monkeypatch.delenv("VLLM_ROCM_ASM_DECODE_CUT", raising=False)  # restored after the test
 
 
 def run_doctor() -> doctor.Report:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from vllm_rocm_asm_decode import settings
 from vllm_rocm_asm_decode.decision import default_cut, resolve_cut
@@ -12,14 +14,12 @@ from vllm_rocm_asm_decode.decision import default_cut, resolve_cut
     ("raw", "expected"),
     [
         (None, True),
-        ("", True),
         ("1", True),
         ("true", True),
-        ("ON", True),
+        ("TRUE", True),
         ("0", False),
         ("false", False),
-        ("Off", False),
-        (" 0 ", False),
+        ("False", False),
     ],
     ids=lambda v: repr(v),
 )
@@ -31,7 +31,7 @@ def test_switch_values(monkeypatch, raw, expected):
     assert settings.asm_decode_switch() is expected
 
 
-@pytest.mark.parametrize("raw", ["2", "maybe", "enabled", "-1"])
+@pytest.mark.parametrize("raw", ["2", "maybe", "enabled", "-1", "", " 1", "yes", "off"])
 def test_switch_bad_value_names_variable_and_value(monkeypatch, raw):
     monkeypatch.setenv(settings.SWITCH_ENV, raw)
     with pytest.raises(settings.SettingError) as err:
@@ -39,7 +39,7 @@ def test_switch_bad_value_names_variable_and_value(monkeypatch, raw):
     assert settings.SWITCH_ENV in str(err.value) and repr(raw) in str(err.value)
 
 
-@pytest.mark.parametrize(("raw", "expected"), [(None, None), ("", None), ("640", 640), (" 1 ", 1)])
+@pytest.mark.parametrize(("raw", "expected"), [(None, None), ("640", 640), (" 1 ", 1)])
 def test_cut_values(monkeypatch, raw, expected):
     if raw is None:
         monkeypatch.delenv(settings.CUT_ENV, raising=False)
@@ -48,7 +48,7 @@ def test_cut_values(monkeypatch, raw, expected):
     assert settings.cut_override() == expected
 
 
-@pytest.mark.parametrize("raw", ["0", "-512", "512.5", "lots", "2e3"])
+@pytest.mark.parametrize("raw", ["0", "-512", "512.5", "lots", "2e3", ""])
 def test_cut_bad_value_names_variable_and_value(monkeypatch, raw):
     monkeypatch.setenv(settings.CUT_ENV, raw)
     with pytest.raises(settings.SettingError) as err:
@@ -67,7 +67,7 @@ def test_default_cut_is_two_query_heads_per_compute_unit(monkeypatch, cus, cut):
 
 @pytest.mark.parametrize(
     ("raw", "expected"),
-    [(None, False), ("", False), ("1", True), ("yes", True), ("0", False), ("OFF", False)],
+    [(None, False), ("1", True), ("True", True), ("0", False), ("FALSE", False)],
     ids=lambda v: repr(v),
 )
 def test_trust_aiter_values(monkeypatch, raw, expected):
@@ -78,10 +78,55 @@ def test_trust_aiter_values(monkeypatch, raw, expected):
     assert settings.trust_aiter() is expected
 
 
-@pytest.mark.parametrize("raw", ["2", "always", "0.1.17"])
+@pytest.mark.parametrize("raw", ["2", "always", "0.1.17", "", "yes"])
 def test_trust_aiter_bad_value_names_variable_and_value(monkeypatch, raw):
     monkeypatch.setenv(settings.TRUST_ENV, raw)
     for check in (settings.trust_aiter, settings.check_all):
         with pytest.raises(settings.SettingError) as err:
             check()
         assert settings.TRUST_ENV in str(err.value) and repr(raw) in str(err.value)
+
+
+def _in_tree_readings() -> dict:
+    """The two ``environment_variables`` entries ``upstream`` writes into vLLM's
+    ``envs.py``, evaluated with vLLM's own ``maybe_convert_int``."""
+    import os
+
+    from vllm.envs import maybe_convert_int
+
+    from vllm_rocm_asm_decode.tools.upstream import _ENV_ENTRIES
+
+    return eval("{" + _ENV_ENTRIES + "}", {"os": os, "maybe_convert_int": maybe_convert_int})
+
+
+@given(
+    raw=st.one_of(
+        st.sampled_from(["1", "0", "true", "false", "TRUE", "False", "", " 1", "yes", "on"]),
+        st.text(max_size=6),
+    )
+)
+def test_every_value_the_plugin_accepts_routes_as_in_tree(raw):
+    """For the switch and the cut: where the plugin accepts a value, vLLM's ``envs.py``
+    entries of the in-tree form read it the same (the rest is an error in the plugin)."""
+    import os
+
+    readings = _in_tree_readings()
+    for name, parse in (
+        (settings.SWITCH_ENV, settings.asm_decode_switch),
+        (settings.CUT_ENV, settings.cut_override),
+    ):
+        if "\x00" in raw:
+            continue  # not representable in an environment
+        old = os.environ.get(name)
+        os.environ[name] = raw
+        try:
+            try:
+                ours = parse()
+            except settings.SettingError:
+                continue
+            assert ours == readings[name](), (name, raw)
+        finally:
+            if old is None:
+                del os.environ[name]
+            else:
+                os.environ[name] = old

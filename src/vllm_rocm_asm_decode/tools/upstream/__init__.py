@@ -15,7 +15,7 @@ of an installed vLLM's Python files):
   builder turns the path on; the backends built on its classes (``ROCM_AITER_UNIFIED_ATTN``,
   ``ROCM_SEGMENTED_ATTN``) keep theirs;
 * ``vllm/_aiter_ops.py``: ``rocm_aiter_ops.pa_fwd_asm`` takes ``high_precision`` with
-  AITER's default (1), so ``ROCM_AITER_FA`` calls it as before;
+  AITER's default (1), so a call without it reaches AITER as before;
 * ``vllm/envs.py``: ``VLLM_ROCM_ASM_DECODE`` (default on) and
   ``VLLM_ROCM_ASM_DECODE_CUT`` (default: 2 x compute units);
 * ``tests/kernels/attention/test_rocm_attn_asm_decode.py``: the hardware tests.
@@ -361,7 +361,7 @@ class Source:
         lines[first - 1 : last] = block.split("\n")
         self.text = "\n".join(lines)
 
-    def add_item_after(self, node: ast.arg | ast.keyword, item: str) -> None:
+    def add_item_after(self, node: ast.arg | ast.keyword | ast.expr, item: str) -> None:
         """Add ``item`` after an argument or keyword of a one-per-line list, at its
         indentation (the list's trailing comma then follows the new item)."""
         lines = self.lines
@@ -467,6 +467,8 @@ def edit_rocm_attn(src: Source) -> None:
     builder = "RocmAttentionMetadataBuilder"
     add_base(src, builder, "AsmDecodeBuilderMixin")
     init = src.find(builder, "__init__")
+    if "kv_cache_spec" not in [a.arg for a in init.args.args]:
+        raise src.moved(f"{builder}.__init__ has no kv_cache_spec argument")
     setup = (
         "        if type(self) is RocmAttentionMetadataBuilder:\n"
         "            # ROCM_ATTN's own builder only: the backends and builders built\n"
@@ -490,13 +492,12 @@ def edit_rocm_attn(src: Source) -> None:
             (
                 n
                 for n in capture.body
-                if isinstance(n, ast.Assign)
-                and src.segment(n.value).replace(" ", "").startswith("self.build(")
+                if src.segment(n) == "attn_metadata = self.build(0, common_attn_metadata)"
             ),
             None,
         )
         if call is None:
-            raise src.moved(f"{builder}.build_for_cudagraph_capture: no self.build(...)")
+            raise src.moved(f"{where}: no `attn_metadata = self.build(0, common_attn_metadata)`")
         last = call.end_lineno or call.lineno
         nested = "\n".join("    " + line for line in src.lines[call.lineno - 1 : last])
         src.replace_lines(
@@ -506,6 +507,8 @@ def edit_rocm_attn(src: Source) -> None:
         )
 
     build = src.find(builder, "build")
+    if "common_attn_metadata" not in [a.arg for a in build.args.args]:
+        raise src.moved(f"{builder}.build has no common_attn_metadata argument")
     decide = "        self.decide_asm_step(attn_metadata, common_attn_metadata)\n"
     if not src.carries(decide, "decide_asm_step", build, f"{builder}.build"):
         ret = build.body[-1]
@@ -637,10 +640,36 @@ def edit_envs(src: Source) -> None:
     src.insert_after_line(end, _ENV_ENTRIES)
 
 
+def ignore_in_compile_hash(src: Source) -> None:
+    """The two settings change routing inside the attention custom op only, which
+    compiled graphs never trace: flipping them must not invalidate the compile cache."""
+    fn = src.find("compile_factors")
+    ignored = next(
+        (
+            n.value
+            for n in fn.body
+            if isinstance(n, ast.AnnAssign | ast.Assign)
+            and isinstance(n.value, ast.Set)
+            and "ignored_factors" in src.segment(n).split("=")[0]
+        ),
+        None,
+    )
+    if ignored is None or not ignored.elts:
+        raise src.moved("compile_factors has no ignored_factors set")
+    last = ignored.elts[-1]
+    indent = " " * last.col_offset
+    entries = f"{indent}# Routing inside the attention custom op only.\n{indent}" + (
+        f'"VLLM_ROCM_ASM_DECODE",\n{indent}"VLLM_ROCM_ASM_DECODE_CUT"'
+    )
+    where = "compile_factors' ignored_factors"
+    if not src.carries(entries, '"VLLM_ROCM_ASM_DECODE', ignored, where):
+        src.add_item_after(last, entries.removeprefix(indent))
+
+
 _EDITS: dict[Path, Callable[[Source], None]] = {
     ROCM_ATTN: edit_rocm_attn,
     AITER_OPS: edit_aiter_ops,
-    ENVS: edit_envs,
+    ENVS: lambda src: (edit_envs(src), ignore_in_compile_hash(src)),
 }
 
 
