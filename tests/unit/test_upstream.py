@@ -5,6 +5,7 @@ names, all or nothing, idempotent, refused for other vLLMs."""
 from __future__ import annotations
 
 import ast
+import re
 import shutil
 import subprocess
 import sys
@@ -180,6 +181,13 @@ def test_nothing_only_the_plugin_needs_goes_in(applied):
         for plugin_only in ("vllm_rocm_asm_decode", "vllm-rocm-asm-decode", "TRUST_AITER"):
             assert plugin_only not in text, (path.name, plugin_only)
         assert "plugin" not in text.lower(), path.name
+        # vLLM's pre-commit refuses these torch.cuda calls (torch.accelerator instead).
+        forbidden = re.search(
+            r"torch\.cuda\.(empty_cache|synchronize|device_count|current_device|memory_"
+            r"|max_memory|reset_peak|mem_get_info|set_device|device\(|manual_seed)",
+            text,
+        )
+        assert forbidden is None, (path.name, forbidden)
     names = {p.stem for p in (applied / upstream.PACKAGE_DIR).glob("*.py")}
     assert names == {"__init__", *upstream.RUNTIME_MODULES}
     assert not names & set(upstream.PLUGIN_ONLY)
