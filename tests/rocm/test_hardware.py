@@ -32,19 +32,6 @@ LAYOUTS = [(40, 8), (32, 8), (64, 8), (32, 4)]
 CONTEXTS = [1, 15, 16, 17, 255, 1000, 4000]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _plugin():
-    import os
-
-    os.environ.setdefault("VLLM_ROCM_USE_AITER", "1")
-    from vllm._aiter_ops import rocm_aiter_ops
-
-    rocm_aiter_ops.refresh_env_variables()
-    from vllm_rocm_asm_decode.plugin import register
-
-    register()
-
-
 def model_for(tmp_path, heads, kvh, num_seqs, ctx, dtype="bfloat16"):
     blocks = num_seqs * (ctx // 16 + 2) + 8
     return harness.build_model(
