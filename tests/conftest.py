@@ -59,6 +59,13 @@ def _rocm_platform():
                 "`vllm-rocm-asm-decode upstream` on PYTHONPATH"
             )
     else:
+        if REAL_ROCM:  # the hardware tests run the asm path: AITER on unless said off
+            import os
+
+            os.environ.setdefault("VLLM_ROCM_USE_AITER", "1")
+            from vllm._aiter_ops import rocm_aiter_ops
+
+            rocm_aiter_ops.refresh_env_variables()
         from vllm_rocm_asm_decode.plugin import register
 
         register()
