@@ -59,6 +59,13 @@ def declare(
     _DECLARED[name] = _Check(module, frozenset(tests), run, seconds)
 
 
+def waits(module_file: str | Path, test: str) -> bool:
+    """Whether the test waits for a check (such tests run last, so that the in-process
+    tests keep the main thread busy while the checks run)."""
+    module = Path(module_file).resolve()
+    return any(c.module == module and test in c.tests for c in _DECLARED.values())
+
+
 def start_for(selected: Iterable[tuple[Path, str]]) -> None:
     """Start, longest first, every check a selected ``(module, test function)`` needs."""
     global _ENV

@@ -26,6 +26,15 @@ import background  # noqa: E402
 collect_ignore = ["e2e"] if REAL_ROCM else []
 
 
+def pytest_collection_modifyitems(session, config, items):
+    """Tests that wait for a subprocess check run last (stable order otherwise)."""
+    items.sort(
+        key=lambda item: background.waits(
+            Path(str(item.fspath)), getattr(item, "originalname", item.name)
+        )
+    )
+
+
 def pytest_collection_finish(session):
     """Start the subprocess checks of the selected tests (see ``background``): by now
     -k, -m, --deselect and --lf have dropped their items."""
