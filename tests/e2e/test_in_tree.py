@@ -148,6 +148,19 @@ def test_the_plugin_stays_inactive_on_a_vllm_that_carries_the_change(monkeypatch
 
 
 @in_tree_only
+def test_doctors_self_test_leaves_a_vllm_that_carries_the_change_alone(monkeypatch):
+    from vllm_rocm_asm_decode.tools import doctor
+    from vllm_rocm_asm_decode.tools.validation import gpu
+
+    monkeypatch.setattr(gpu, "rocm_gpu_problem", lambda: None)
+    report = doctor.environment()
+    doctor.self_test(report, device="cpu")
+    assert report.self_test.startswith("not run: the installed vLLM carries the asm decode")
+    assert report.exit_code == 2
+    assert not harness.asm_calls()
+
+
+@in_tree_only
 @pytest.mark.parametrize(
     "module",
     ["rocm_aiter_fa.py", "rocm_aiter_unified_attn.py", "rocm_segmented_attn.py"],
