@@ -191,7 +191,9 @@ def test_step_cut_is_strictly_above():
     kw = dict(max_query_len=1, num_heads=32, cut=512)
     assert not step_uses_asm(num_tokens=16, num_reqs=16, **kw)  # 512 is not above 512
     assert step_uses_asm(num_tokens=17, num_reqs=17, **kw)
-    assert not step_uses_asm(num_tokens=17, num_reqs=18, **kw)  # a request without a row
+    # More requests than rows: Model Runner V2's trailing all-padding microbatch and a
+    # drafter descriptor downgraded to eager build such steps; never asm.
+    assert not step_uses_asm(num_tokens=17, num_reqs=18, **kw)
 
 
 def test_every_failed_clause_is_reported_not_just_the_first():
