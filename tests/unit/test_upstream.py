@@ -74,15 +74,55 @@ def test_check_writes_nothing_apply_writes_the_same_and_a_second_apply_nothing(t
         assert snapshot(tree) == after
 
 
-def test_all_or_nothing_when_a_file_cannot_be_written(tree, capsys):
+def test_a_file_where_a_directory_goes_stops_check_and_apply_alike(tree, capsys):
     (tree / "tests/kernels").mkdir(parents=True)
     (tree / "tests/kernels/attention").write_text("a file where a directory goes\n")
     before = snapshot(tree)
-    code, out, err = run(capsys, str(tree))
-    assert code == 2 and out == "" and err.count("\n") == 1, err
-    assert "no file was changed" in err
-    after = {k: v for k, v in snapshot(tree).items()}
-    assert after == before  # no file written, no staged file left behind
+    for argv in ((str(tree), "--check"), (str(tree),)):
+        code, out, err = run(capsys, *argv)
+        assert code == 2 and out == "" and err.count("\n") == 1, err
+        assert "tests/kernels/attention is in the way (it should be a directory)" in err
+    assert snapshot(tree) == before
+
+
+def test_a_failure_while_replacing_puts_every_file_back(tree, capsys, monkeypatch):
+    """All or nothing: the last file cannot be replaced; the ones replaced before it are
+    restored, the staged copies and the directories the run made are gone."""
+    import os
+
+    real, calls = os.replace, []
+
+    def replace(src, dst):
+        calls.append(dst)
+        if len(calls) == 11:  # after the package and rocm_attn.py went in
+            raise PermissionError(1, "Operation not permitted")
+        real(src, dst)
+
+    monkeypatch.setattr(upstream.os, "replace", replace)
+    before = snapshot(tree)
+    dirs_before = sorted(p for p in tree.rglob("*") if p.is_dir())
+    code, _, err = run(capsys, str(tree))
+    assert code == 2 and "Operation not permitted; no file was changed" in err, err
+    assert snapshot(tree) == before
+    assert sorted(p for p in tree.rglob("*") if p.is_dir()) == dirs_before
+
+
+def test_file_modes_are_kept(tree):
+    (tree / upstream.ENVS).chmod(0o755)
+    upstream.apply(tree)
+    assert (tree / upstream.ENVS).stat().st_mode & 0o777 == 0o755
+
+
+def test_a_symlink_into_an_installed_vllm_is_refused(tree, tmp_path, capsys):
+    site = tmp_path / "site-packages"
+    site.mkdir()
+    (tree / "vllm").rename(site / "vllm")
+    (site / "vllm-0.33.0.dist-info").mkdir()
+    (tree / "vllm").symlink_to(site / "vllm")
+    before = snapshot(site)
+    code, _, err = run(capsys, str(tree))
+    assert code == 2 and "holds an installed vLLM" in err and "dist-info" in err
+    assert snapshot(site) == before
 
 
 def test_a_symlinked_file_is_replaced_not_written_through(tree, tmp_path):
@@ -96,13 +136,28 @@ def test_a_symlinked_file_is_replaced_not_written_through(tree, tmp_path):
     assert "forward_asm_decode" in (tree / upstream.ROCM_ATTN).read_text()
 
 
-def test_another_version_of_the_change_is_refused_not_stacked(tree, capsys):
+@pytest.mark.parametrize("base_order_swapped", [False, True], ids=["comment", "bases"])
+def test_another_version_of_the_change_is_refused_not_stacked(tree, capsys, base_order_swapped):
     upstream.apply(tree)
+    if base_order_swapped:
+        path = tree / upstream.ROCM_ATTN
+        path.write_text(
+            path.read_text().replace(
+                "class RocmAttentionImpl(AsmDecodeImplMixin, AttentionImpl):",
+                "class RocmAttentionImpl(AttentionImpl, AsmDecodeImplMixin):",
+            )
+        )
+        code, _, err = run(capsys, str(tree))
+        assert code == 2 and "another version of this change is in the bases" in err
+        return
     path = tree / upstream.ROCM_ATTN
     path.write_text(path.read_text().replace("keep theirs.", "keep their decode."))
     before = snapshot(tree)
     code, _, err = run(capsys, str(tree))
-    assert code == 2 and "RocmAttentionMetadataBuilder.__init__ carries another version" in err
+    assert (
+        code == 2
+        and "another version of this change is in RocmAttentionMetadataBuilder.__init__" in err
+    )
     assert f"git checkout -- {upstream.ROCM_ATTN}" in err and snapshot(tree) == before
 
 

@@ -125,17 +125,22 @@ def tree_version(root: Path) -> tuple[str, str]:
 
 
 def check_tree(root: Path) -> str:
-    """The tree's vLLM version; raises :class:`UpstreamError` unless it is 0.33.x."""
-    if not root.exists():
-        raise UpstreamError(f"{root} does not exist")
-    if not root.is_dir():
-        raise UpstreamError(f"{root} is not a directory")
-    if not (root / ROCM_ATTN).is_file():
-        raise UpstreamError(f"{root} is not a vLLM source tree (no {ROCM_ATTN})")
-    installed = sorted(root.glob("vllm-*.dist-info"))
+    """The tree's vLLM version; raises :class:`UpstreamError` unless it is 0.33.x (and
+    not an installed vLLM, through a symlink or not)."""
+    try:
+        if not root.exists():
+            raise UpstreamError(f"{root} does not exist")
+        if not root.is_dir():
+            raise UpstreamError(f"{root} is not a directory")
+        if not (root / ROCM_ATTN).is_file():
+            raise UpstreamError(f"{root} is not a vLLM source tree (no {ROCM_ATTN})")
+        homes = {root.resolve(), (root / "vllm").resolve().parent}
+        installed = sorted(p for home in homes for p in home.glob("vllm-*.dist-info"))
+    except OSError as exc:
+        raise UpstreamError(f"cannot read {exc.filename or root}: {exc.strerror}") from None
     if installed:
         raise UpstreamError(
-            f"{root} holds an installed vLLM ({installed[0].name}); write into a git "
+            f"{root} holds an installed vLLM ({installed[0]}); write into a git "
             "checkout, or into a copy of its vllm/ directory elsewhere"
         )
     version, source = tree_version(root)
@@ -313,7 +318,7 @@ class Source:
         scope_text = self.text if scope is None else self.segment(scope)
         if marker in scope_text:
             raise UpstreamError(
-                f"{self.path}: {where} carries another version of this change; "
+                f"{self.path}: another version of this change is in {where}; "
                 f"start from vLLM's own file (git checkout -- {self.path})"
             )
         return False
@@ -400,8 +405,13 @@ def add_base(src: Source, cls: str, mixin: str) -> None:
     """Put ``mixin`` first in the bases of class ``cls``."""
     node = src.find(cls)
     bases = [src.segment(b) for b in node.bases]
-    if mixin in bases:
+    if bases[:1] == [mixin]:
         return
+    if mixin in bases:
+        raise UpstreamError(
+            f"{src.path}: another version of this change is in the bases of {cls}; "
+            f"start from vLLM's own file (git checkout -- {src.path})"
+        )
     if node.keywords or node.decorator_list:
         raise src.moved(f"class {cls} has keywords or decorators")
     src.replace_lines(
@@ -720,37 +730,82 @@ def apply(root: Path) -> list[FileChange]:
     """
     check_tree(root)
     files = changed_files(root)
-    changes, staged = [], []
+    for rel in files:
+        _check_way(root, rel)
+    changes: list[FileChange] = []
+    staged: list[tuple[Path, Path, str | None]] = []  # (temp, path, old text)
+    made: list[Path] = []  # directories this run created
+    done = 0
+    path = root
     try:
         for rel, text in files.items():
             path = root / rel
-            if path.exists() and not path.is_file():
-                raise UpstreamError(f"{path} is in the way (not a file); no file was changed")
             old = _read(path) if path.is_file() else None
             if old == text:
                 continue
-            path.parent.mkdir(parents=True, exist_ok=True)
+            made += _make_parents(path)
             temp = path.with_name(f".{path.name}.upstream~")
-            staged.append((temp, path))
+            staged.append((temp, path, old))
             temp.write_text(text, encoding="utf-8")
+            if old is not None:
+                shutil.copymode(path, temp)
             changes.append(FileChange(rel, *diff_counts(old or "", text), new=old is None))
-    except (OSError, UpstreamError) as exc:
-        for temp, _ in staged:
-            temp.unlink(missing_ok=True)
-        if isinstance(exc, UpstreamError):
-            raise
-        failed = exc.filename or path
+        for temp, path, _ in staged:
+            os.replace(temp, path)
+            done += 1
+    except OSError as exc:
+        _undo(staged, done, made)
         raise UpstreamError(
-            f"cannot write {failed}: {exc.strerror or exc}; no file was changed"
+            f"cannot write {path}: {exc.strerror or exc}; no file was changed"
         ) from None
-    for temp, path in staged:
-        os.replace(temp, path)
     return changes
+
+
+def _check_way(root: Path, rel: Path) -> None:
+    """What the change writes is not in the way of something else: its directories are
+    directories (or missing) and its files files (or missing)."""
+    parents = [p for p in reversed(rel.parents) if p != Path(".")]
+    for part, should_be_dir in [*((p, True) for p in parents), (rel, False)]:
+        here = root / part
+        if here.exists() and here.is_dir() != should_be_dir:
+            kind = "a directory" if should_be_dir else "a file"
+            raise UpstreamError(f"{here} is in the way (it should be {kind}); nothing written")
+
+
+def _make_parents(path: Path) -> list[Path]:
+    """Create ``path``'s missing parent directories; returns them, outermost first."""
+    missing = [p for p in reversed(path.parents) if not p.exists()]
+    for directory in missing:
+        directory.mkdir()
+    return missing
+
+
+def _undo(staged: list[tuple[Path, Path, str | None]], done: int, made: list[Path]) -> None:
+    """Put back what a failed run replaced, drop its staged files and new directories."""
+    for _, path, old in staged[:done]:
+        try:
+            if old is None:
+                path.unlink()
+            else:
+                path.write_text(old, encoding="utf-8")
+        except OSError:
+            pass  # best effort: the error already says which file failed
+    for temp, _, _ in staged:
+        temp.unlink(missing_ok=True)
+    for directory in reversed(made):
+        try:
+            directory.rmdir()
+        except OSError:
+            pass
 
 
 def check(root: Path) -> list[FileChange]:
     """Apply the change to a temporary copy of what it touches in ``root``."""
     version = check_tree(root)
+    for rel in (ROCM_ATTN, AITER_OPS, ENVS, KERNEL_TEST, PACKAGE_DIR / "__init__.py"):
+        _check_way(root, rel)
+    for name in RUNTIME_MODULES:
+        _check_way(root, PACKAGE_DIR / f"{name}.py")
     with tempfile.TemporaryDirectory(prefix="vllm-upstream-check-") as tmp:
         copy = Path(tmp)
         touched = [ROCM_ATTN, AITER_OPS, ENVS, KERNEL_TEST]
