@@ -98,12 +98,19 @@ def asm_dir() -> str | None:
     return getattr(core, "AITER_ASM_DIR", None)
 
 
+def _parameter_names(fn: Callable[..., object]) -> set[str] | None:
+    """The names ``fn`` takes; None when its signature cannot be inspected."""
+    try:
+        return set(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return None
+
+
 def signature_problem(fn: Callable[..., object]) -> str | None:
     """Why ``fn`` cannot be called as the asm decode calls ``pa_fwd_asm``; None if it
     can."""
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
+    params = _parameter_names(fn)
+    if params is None:
         return "aiter.pa_fwd_asm has no inspectable signature"
     missing = [name for name in REQUIRED_PARAMETERS if name not in params]
     if missing:
@@ -112,13 +119,6 @@ def signature_problem(fn: Callable[..., object]) -> str | None:
             "(an AITER older than the block_tables_stride0/high_precision signature)"
         )
     return None
-
-
-def _takes_high_precision(fn: Callable[..., object]) -> bool:
-    try:
-        return "high_precision" in inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
 
 
 @functools.cache
@@ -142,7 +142,7 @@ def load_asm_kernel(
         return None, problem
     from vllm._aiter_ops import rocm_aiter_ops
 
-    if _takes_high_precision(rocm_aiter_ops.pa_fwd_asm):
+    if "high_precision" in (_parameter_names(rocm_aiter_ops.pa_fwd_asm) or ()):
         fn = rocm_aiter_ops.pa_fwd_asm
     table, note = load_table(asm_dir(), arch)
     aiter_build = AiterBuild.installed(trusted=trust_aiter)

@@ -61,6 +61,14 @@ ROCM_ATTN = Path("vllm/v1/attention/backends/rocm_attn.py")
 AITER_OPS = Path("vllm/_aiter_ops.py")
 ENVS = Path("vllm/envs.py")
 KERNEL_TEST = Path("tests/kernels/attention/test_rocm_attn_asm_decode.py")
+#: Every file the change writes (new ones and edited ones).
+WRITTEN = (
+    *(PACKAGE_DIR / f"{name}.py" for name in ("__init__", *RUNTIME_MODULES)),
+    ROCM_ATTN,
+    AITER_OPS,
+    ENVS,
+    KERNEL_TEST,
+)
 #: vLLM's header and line length.
 SPDX = (
     "# SPDX-License-Identifier: Apache-2.0\n"
@@ -802,16 +810,12 @@ def _undo(staged: list[tuple[Path, Path, str | None]], done: int, made: list[Pat
 def check(root: Path) -> list[FileChange]:
     """Apply the change to a temporary copy of what it touches in ``root``."""
     version = check_tree(root)
-    for rel in (ROCM_ATTN, AITER_OPS, ENVS, KERNEL_TEST, PACKAGE_DIR / "__init__.py"):
+    for rel in WRITTEN:
         _check_way(root, rel)
-    for name in RUNTIME_MODULES:
-        _check_way(root, PACKAGE_DIR / f"{name}.py")
     with tempfile.TemporaryDirectory(prefix="vllm-upstream-check-") as tmp:
         copy = Path(tmp)
-        touched = [ROCM_ATTN, AITER_OPS, ENVS, KERNEL_TEST]
-        touched += [PACKAGE_DIR / f"{n}.py" for n in ("__init__", *RUNTIME_MODULES)]
         try:
-            for rel in touched:
+            for rel in WRITTEN:
                 if (root / rel).is_file():
                     (copy / rel).parent.mkdir(parents=True, exist_ok=True)
                     shutil.copyfile(root / rel, copy / rel)
