@@ -1,47 +1,130 @@
 """``ROCM_ATTN`` with the asm decode, on stock vLLM: subclasses of vLLM's own backend,
-builder and impl with :mod:`.asm_path`'s halves in front, and the plugin's settings.
+metadata, builder and impl that run :mod:`.core` (and :mod:`.mixed`) inside the
+plugin's guards (:mod:`.eligibility`, :mod:`.kernel`, :mod:`.scale_tables`).
 
-The in-tree form (``vllm-rocm-asm-decode upstream``) puts the same halves in front of
-vLLM's own classes instead; these subclasses are what the plugin needs in its place.
+Decide once, run many:
+
+1. At the first ``build()`` after the KV cache is bound, the builder loads the AITER
+   kernel (:mod:`.kernel`) and decides its layers (:func:`decide_layers`): each layer is
+   checked against the rule and the guards; the scale tables of those that pass are
+   budgeted against the device memory vLLM did not claim; the layers that fit get an
+   :class:`AsmLayerBinding` (the cache views the kernel reads and their tables).
+2. Every ``build()`` decides the step from host integers (:func:`.core.use_asm_decode`,
+   :func:`.mixed.split_asm_decode`) and records it in the metadata with a reference to
+   the builder's bindings, so a captured CUDA graph holds one decode kernel.
+3. ``forward`` combines the step with its layer's binding and the call's tensors and
+   either calls :func:`.core.asm_decode` on views made at bind time (for a split step,
+   after vLLM's prefill kernel on the prefill requests) or leaves the call to stock.
+
+The bindings belong to the builder, as ``ROCM_AITER_FA``'s scale tables do: vLLM drops
+the builders of its CUDA-graph profiling pass with that pass's small KV cache, and the
+bindings (which hold that cache) go with them. A binding whose cache was re-bound or
+whose scales changed is never used: ``forward`` takes the stock path and marks the
+bindings stale, and the next ``build()`` (never inside a graph capture) decides again.
+
+Only ``ROCM_ATTN``'s own builder turns the path on: the builders vLLM derives from it
+(chunked local attention, static sinks, KV-sharing fast prefill, Whisper block pooling)
+rewrite the metadata first and keep the stock decode.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any, cast
 
 import torch
-from vllm.config import VllmConfig
-from vllm.v1.attention.backend import CommonAttentionMetadata
+from vllm.config import ModelConfig, VllmConfig, get_layers_from_vllm_config
+from vllm.model_executor.layers.attention import Attention
+from vllm.v1.attention.backend import AttentionType, CommonAttentionMetadata
 from vllm.v1.attention.backends.rocm_attn import (
     RocmAttentionBackend,
     RocmAttentionImpl,
     RocmAttentionMetadata,
     RocmAttentionMetadataBuilder,
 )
+from vllm.v1.attention.ops import chunked_prefill_paged_decode as stock_ops
 from vllm.v1.kv_cache_interface import AttentionSpec
 
 from . import settings
-from .asm_path import (
-    AsmBindings,
-    AsmDecodeBuilderMixin,
-    AsmDecodeImplMixin,
-    AsmDecodeSettings,
-    MixedSplit,
+from .core import ASM_PRECISION, asm_decode, use_asm_decode
+from .eligibility import (
+    VALIDATED_CONTEXT,
+    call_uses_asm,
+    describe_cut,
+    kv_page_bytes,
+    rejection_reasons,
+    resolve_cut,
+    split_cache,
+)
+from .kernel import AsmKernel, current_arch, load_asm_kernel, unavailable_reason
+from .log import logger
+from .mixed import AsmDecodeSplit, asm_split_off, asm_split_reorders, split_asm_decode
+from .scale_tables import (
+    TableKey,
+    existing_tables,
+    fit_tables,
+    mib,
+    scale_tables,
+    table_key,
+    table_memory,
+)
+
+#: Logged once when an old AITER keeps layers on HIP: how to lift that.
+TRUST_HINT = (
+    "if `vllm-rocm-asm-decode doctor` passes its block-id probe on this GPU, "
+    f"{settings.TRUST_ENV}=1 lets these caches use the asm decode with this AITER"
 )
 
 
-def plugin_settings() -> AsmDecodeSettings:
-    """The asm decode's settings from the plugin's environment variables."""
-    return AsmDecodeSettings(
-        cut=settings.cut_override(),
-        cut_source=settings.CUT_ENV,
-        trust_aiter=settings.trust_aiter(),
-        trust_hint=(
-            "if `vllm-rocm-asm-decode doctor` passes its block-id probe on this GPU, "
-            f"{settings.TRUST_ENV}=1 lets these caches use the asm decode with this "
-            "AITER"
-        ),
-    )
+@dataclass(frozen=True)
+class AsmDecodeSettings:
+    """How the asm decode is set up in this process (read once per builder)."""
+
+    #: ``VLLM_ROCM_ASM_DECODE_CUT``: query heads above which a decode runs asm; None
+    #: for the core's 2 x compute units.
+    cut: int | None = None
+    #: Take the installed AITER as reading every KV block right whatever its version.
+    trust_aiter: bool = False
+
+    @classmethod
+    def from_env(cls) -> AsmDecodeSettings | None:
+        """The plugin's settings; None where the asm decode is switched off or cannot
+        run in this process (why, once, at debug level)."""
+        if not settings.asm_decode_switch():
+            return None
+        reason = unavailable_reason()
+        if reason is not None:
+            logger.debug_once("ROCM_ATTN asm decode is off: %s", reason)
+            return None
+        return cls(cut=settings.cut_override(), trust_aiter=settings.trust_aiter())
+
+
+@dataclass(frozen=True)
+class AsmLayerBinding:
+    """What one layer's asm decode reads, made once when its KV cache is bound."""
+
+    kv_cache: torch.Tensor  # the bound cache these views were made from
+    key_cache: torch.Tensor  # [num_blocks, num_kv_heads, head_size/16, 16, 16], fp8
+    value_pages: torch.Tensor  # vLLM's V view [num_blocks, num_kv_heads, head_size, 16]
+    k_scale: float
+    v_scale: float
+    k_scale_table: torch.Tensor  # [num_blocks, num_kv_heads, 16], fp32
+    v_scale_table: torch.Tensor
+    query_dtype: torch.dtype
+
+    @property
+    def scales(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.k_scale_table, self.v_scale_table
+
+
+@dataclass
+class AsmBindings:
+    """The asm bindings of one builder's layers, by layer name."""
+
+    layers: dict[str, AsmLayerBinding] = field(default_factory=dict)
+    #: Set by ``forward`` when a layer's cache or scales changed since binding: the next
+    #: ``build()`` decides every layer again.
+    stale: bool = False
 
 
 @dataclass
@@ -50,13 +133,16 @@ class RocmAsmDecodeMetadata(RocmAttentionMetadata):
 
     use_asm_decode: bool = False
     #: Set for a mixed step whose decode part runs asm.
-    asm_split: MixedSplit | None = None
+    asm_split: AsmDecodeSplit | None = None
     #: The builder's bindings (the same object every step; nothing is copied).
     asm_bindings: AsmBindings | None = None
 
 
-class RocmAsmDecodeImpl(AsmDecodeImplMixin, RocmAttentionImpl):
+class RocmAsmDecodeImpl(RocmAttentionImpl):
     """``RocmAttentionImpl`` whose decode steps above the cut may run ``pa_fwd_asm``."""
+
+    #: Why this layer keeps the HIP decode (empty when bound); None until decided.
+    asm_rejections: list[str] | None = None
 
     def forward(
         self,
@@ -70,31 +156,135 @@ class RocmAsmDecodeImpl(AsmDecodeImplMixin, RocmAttentionImpl):
         output_scale: torch.Tensor | None = None,
         output_block_scale: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        if self.forward_asm_decode(
-            layer,
-            query,
-            key,
-            value,
-            kv_cache,
-            attn_metadata,
-            output,
-            output_scale is not None or output_block_scale is not None,
+        quant = output_scale is not None or output_block_scale is not None
+        binding = self._asm_binding(
+            layer, query, kv_cache, attn_metadata, output, quant
+        )
+        if binding is None:
+            return super().forward(
+                layer,
+                query,
+                key,
+                value,
+                kv_cache,
+                attn_metadata,
+                output,
+                output_scale,
+                output_block_scale,
+            )
+        assert isinstance(attn_metadata, RocmAsmDecodeMetadata)
+        split = attn_metadata.asm_split
+        if split is None:
+            rows = attn_metadata.num_actual_tokens
+            block_table, seq_lens = attn_metadata.block_table, attn_metadata.seq_lens
+        else:
+            self._prefill(
+                binding, split, layer, query, key, value, attn_metadata, output
+            )
+            rows = split.num_decodes
+            block_table, seq_lens = split.decode_block_table, split.decode_seq_lens
+        asm_decode(
+            query[:rows],
+            binding.key_cache,
+            binding.value_pages,
+            block_table,
+            seq_lens,
+            binding.scales,
+            output[:rows],
+        )
+        return output
+
+    def _asm_binding(
+        self,
+        layer: Any,
+        query: torch.Tensor,
+        kv_cache: torch.Tensor,
+        attn_metadata: RocmAttentionMetadata | None,
+        output: torch.Tensor,
+        output_quant_requested: bool,
+    ) -> AsmLayerBinding | None:
+        """This call's binding when the step chose asm and the call can run it; None to
+        leave the call to stock. The step's choice is read first (one attribute read
+        each), so steps that stay on stock pay next to nothing."""
+        if not getattr(attn_metadata, "use_asm_decode", False) and not getattr(
+            attn_metadata, "asm_split", None
         ):
-            return output
-        return super().forward(
-            layer,
-            query,
-            key,
-            value,
-            kv_cache,
-            attn_metadata,
-            output,
-            output_scale,
-            output_block_scale,
+            return None
+        assert isinstance(attn_metadata, RocmAsmDecodeMetadata)
+        bindings = attn_metadata.asm_bindings
+        assert bindings is not None  # set with the step's choice
+        binding = bindings.layers.get(layer.layer_name)
+        if binding is None:
+            return None
+        if (
+            kv_cache is not binding.kv_cache
+            or layer._k_scale_float != binding.k_scale
+            or layer._v_scale_float != binding.v_scale
+        ):
+            bindings.stale = True  # decided again at the next build(), never here
+            return None
+        ok = call_uses_asm(
+            step_asm=True,
+            layer_eligible=True,
+            output_quant_requested=output_quant_requested,
+            # The kernel gets Q's row stride only (heads and dims dense) and writes out_
+            # densely from its base.
+            tensors_ok=query.dtype == binding.query_dtype
+            and query.stride(-1) == 1
+            and query.stride(-2) == self.head_size
+            and output.is_contiguous(),
+        )
+        return binding if ok else None
+
+    def _prefill(
+        self,
+        binding: AsmLayerBinding,
+        split: AsmDecodeSplit,
+        layer: Any,
+        query: torch.Tensor,
+        key: torch.Tensor | None,
+        value: torch.Tensor | None,
+        attn_metadata: RocmAttentionMetadata,
+        output: torch.Tensor,
+    ) -> None:
+        """A split step's prefill requests through vLLM's own prefill kernel, with the
+        arguments stock ``forward`` passes it, on the prefill requests' views (stage 2
+        of the in-tree change gets the same from ``chunked_prefill_paged_decode``).
+
+        The kernel indexes absolute rows from its start locations, so it gets the whole
+        ``q/k/v/o`` (``key``/``value`` may be None: it then reads the new tokens from
+        the cache, as in stock)."""
+        stock_ops.context_attention_fwd(
+            q=query,
+            k=key,
+            v=value,
+            o=output,
+            kv_cache_dtype=self.kv_cache_dtype,
+            k_cache=binding.key_cache,
+            v_cache=binding.value_pages,
+            b_loc=split.prefill_block_table,
+            b_start_loc=split.prefill_query_start_loc,
+            b_seq_len=split.prefill_seq_lens,
+            max_seq_len=attn_metadata.max_seq_len,
+            max_input_len=attn_metadata.max_query_len,
+            k_scale=layer._k_scale,
+            v_scale=layer._v_scale,
+            alibi_slopes=self.alibi_slopes,
+            sliding_window=1 + self.sliding_window[0],
+            sm_scale=self.scale,
+            skip_decode=True,
+            fp8_out_scale=None,
+            sinks=self.sinks,
+            interleaved_v_pack_factor=(
+                16 // binding.value_pages.element_size()
+                if self._use_interleaved_v_cache
+                else 0
+            ),
+            causal=attn_metadata.causal,
         )
 
 
-class RocmAsmDecodeMetadataBuilder(AsmDecodeBuilderMixin, RocmAttentionMetadataBuilder):
+class RocmAsmDecodeMetadataBuilder(RocmAttentionMetadataBuilder):
     """``RocmAttentionMetadataBuilder`` that binds its layers once and decides each
     step."""
 
@@ -106,16 +296,36 @@ class RocmAsmDecodeMetadataBuilder(AsmDecodeBuilderMixin, RocmAttentionMetadataB
         device: torch.device,
     ) -> None:
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
-        if type(self) is RocmAsmDecodeMetadataBuilder:
-            # This builder only, as in-tree: the builders vLLM derives from it
-            # (chunked local attention, static sinks, ...) rewrite the metadata first.
-            self.init_asm_decode(plugin_settings(), kv_cache_spec)
+        # This builder only: the builders vLLM derives from it keep the stock decode.
+        own = type(self) is RocmAsmDecodeMetadataBuilder
+        #: None: the asm decode is off for this builder, for good.
+        self.asm_settings = AsmDecodeSettings.from_env() if own else None
+        self.asm_layers_bound = False
+        self.asm_bindings = AsmBindings()
+        self.asm_cut = 0
+        #: Why mixed steps are not split (None: they are).
+        self.asm_split_off: str | None = "the asm decode is off"
+        if self.asm_settings is None:
+            return
+        self.asm_split_off = asm_split_off(vllm_config)
+        if self.asm_split_off is None and asm_split_reorders(
+            kv_cache_spec, vllm_config.cache_config.cache_dtype
+        ):
+            # Decode requests lead the batch (the V1 runner reorders on this; Model
+            # Runner V2 always does), so a mixed step splits at one boundary.
+            self._init_reorder_batch_threshold(1)
+
+    @property
+    def asm_split_allowed(self) -> bool:
+        return self.asm_split_off is None
 
     def build_for_cudagraph_capture(
         self, common_attn_metadata: CommonAttentionMetadata
     ) -> RocmAsmDecodeMetadata:
-        with self.asm_capture_build():
-            return super().build_for_cudagraph_capture(common_attn_metadata)
+        metadata = super().build_for_cudagraph_capture(common_attn_metadata)
+        assert isinstance(metadata, RocmAsmDecodeMetadata)
+        metadata.asm_split = None  # a graph would replay a dummy batch's split
+        return metadata
 
     def build(
         self,
@@ -125,8 +335,243 @@ class RocmAsmDecodeMetadataBuilder(AsmDecodeBuilderMixin, RocmAttentionMetadataB
     ) -> RocmAsmDecodeMetadata:
         stock = super().build(common_prefix_len, common_attn_metadata, fast_build)
         metadata = RocmAsmDecodeMetadata(**vars(stock))
-        self.decide_asm_step(metadata, common_attn_metadata)
+        if self.asm_settings is None:
+            return metadata
+        if not self.asm_layers_bound or self.asm_bindings.stale:
+            self._bind_layers()
+        metadata.asm_bindings = self.asm_bindings
+        if not self.asm_bindings.layers:
+            return metadata
+        metadata.use_asm_decode = use_asm_decode(
+            common_attn_metadata, self.num_heads_q, self.asm_cut
+        )
+        if metadata.max_query_len > 1 and self.asm_split_off is None:
+            metadata.asm_split = split_asm_decode(
+                common_attn_metadata, self.num_heads_q, self.asm_cut
+            )
         return metadata
+
+    def binding(self, layer_name: str) -> AsmLayerBinding | None:
+        """The asm binding of one of this builder's layers; None when it keeps HIP."""
+        return self.asm_bindings.layers.get(layer_name)
+
+    def _bind_layers(self) -> None:
+        settings_ = self.asm_settings
+        assert settings_ is not None
+        layers = [
+            layer
+            for layer in get_layers_from_vllm_config(
+                self.vllm_config, Attention, self.layer_names
+            ).values()
+            if isinstance(layer.impl, RocmAsmDecodeImpl)
+        ]
+        impls = {layer: layer.impl for layer in layers}
+        cached = [
+            layer for layer in layers if impls[layer].attn_type == AttentionType.DECODER
+        ]
+        if any(layer.kv_cache.dim() != 4 for layer in cached):
+            return  # the KV cache is not bound yet: decide at a later build
+        again = self.asm_layers_bound
+        self.asm_layers_bound = True
+        self.asm_bindings = AsmBindings()
+        # Model Runner V2 resolves the graph mode after it makes the builders.
+        self.asm_split_off = asm_split_off(self.vllm_config)
+        arch = current_arch()
+        kernel, why_not = load_asm_kernel(arch, settings_.trust_aiter)
+        if kernel is None:
+            logger.warning_once(
+                "ROCM_ATTN asm decode is off: %s; every layer keeps the HIP decode",
+                why_not,
+            )
+            return
+        if kernel.table_note is not None:
+            logger.warning_once(
+                "ROCM_ATTN asm decode: AITER's kernel table was not read (%s); "
+                "assuming %s",
+                kernel.table_note,
+                kernel.table.source,
+            )
+        from vllm.utils.platform_utils import num_compute_units
+
+        compute_units = num_compute_units(self.device.index or 0)
+        self.asm_cut = resolve_cut(compute_units, settings_.cut)
+        for layer in layers:
+            if impls[layer].attn_type != AttentionType.DECODER:
+                # Encoder attention has no paged KV cache to decode from.
+                impls[layer].asm_rejections = ["not decoder self-attention"]
+        cache_config = self.vllm_config.cache_config
+        model_config = self.vllm_config.model_config
+        self.asm_bindings.layers = decide_layers(
+            [(layer, layer.kv_cache) for layer in cached],
+            kernel,
+            model_config,
+            # Tables may take only memory vLLM did not claim for itself.
+            None
+            if cache_config.kv_cache_memory_bytes
+            else cache_config.gpu_memory_utilization,
+        )
+        when = "after a KV cache re-bind or scale reload, " if again else ""
+        for layer in layers:
+            for reason in impls[layer].asm_rejections or ():
+                log = logger.warning_once if again else logger.info_once
+                log(
+                    "ROCM_ATTN asm decode: %slayers with %s keep the HIP decode",
+                    when,
+                    reason,
+                )
+        self._announce(arch, compute_units, len(layers), cached)
+
+    def _announce(
+        self, arch: str, compute_units: int, total: int, cached: list[Attention]
+    ) -> None:
+        """One info line per decision (vLLM's CUDA-graph profiling pass, on its small
+        cache, then the real cache, then any other KV cache group): what is active and
+        where."""
+        settings_ = self.asm_settings
+        assert settings_ is not None
+        max_model_len = self.vllm_config.model_config.max_model_len
+        bound = len(self.asm_bindings.layers)
+        blocks = sorted({layer.kv_cache.shape[0] for layer in cached})
+        mixed = (
+            "so do the leading decode requests of mixed steps"
+            if self.asm_split_off is None
+            else f"mixed steps stay whole on the stock path ({self.asm_split_off})"
+        )
+        logger.info_once(
+            "ROCM_ATTN asm decode: %d of %d layers eligible on %s (KV cache of %s "
+            "blocks); pure-decode steps above %d query heads (%s) run "
+            "aiter.pa_fwd_asm with high_precision=%d, the rest the HIP decode; %s",
+            bound,
+            total,
+            arch or "an unknown GPU architecture",
+            "/".join(map(str, blocks)) or "no",
+            self.asm_cut,
+            describe_cut(
+                compute_units, settings.CUT_ENV if settings_.cut is not None else None
+            ),
+            ASM_PRECISION,
+            mixed,
+        )
+        if bound and max_model_len > VALIDATED_CONTEXT:
+            logger.info_once(
+                "ROCM_ATTN asm decode: contexts above %d tokens (max_model_len %d) are "
+                "not validated on hardware",
+                VALIDATED_CONTEXT,
+                max_model_len,
+            )
+
+
+def scale_table_keys(
+    impl: RocmAttentionImpl, layer: Any, kv_cache: torch.Tensor
+) -> tuple[TableKey, TableKey]:
+    """The tables a layer's binding will use, shaped as the kernel indexes them: K's
+    block count, KV heads and block size, at the layer's final scales."""
+    num_blocks, num_kv_heads, _, block_size, _ = split_cache(impl, kv_cache)[0].shape
+    shape = (num_blocks, num_kv_heads, block_size)
+    return (
+        table_key(kv_cache.device, *shape, layer._k_scale_float),
+        table_key(kv_cache.device, *shape, layer._v_scale_float),
+    )
+
+
+def make_binding(
+    impl: RocmAttentionImpl,
+    layer: Any,
+    kv_cache: torch.Tensor,
+    query_dtype: torch.dtype,
+) -> AsmLayerBinding:
+    """The views and tables an eligible layer's asm decode reads (allocates its tables
+    when they do not exist yet)."""
+    key_cache, value_pages = split_cache(impl, kv_cache)
+    key_cache = key_cache.view(impl.fp8_dtype)
+    value_pages = value_pages.view(impl.fp8_dtype)
+    k_scale, v_scale = float(layer._k_scale_float), float(layer._v_scale_float)
+    num_blocks, num_kv_heads, _, block_size, _ = key_cache.shape
+    k_table, v_table = scale_tables(
+        kv_cache.device, num_blocks, num_kv_heads, block_size, k_scale, v_scale
+    )
+    return AsmLayerBinding(
+        kv_cache=kv_cache,
+        key_cache=key_cache,
+        value_pages=value_pages,
+        k_scale=k_scale,
+        v_scale=v_scale,
+        k_scale_table=k_table,
+        v_scale_table=v_table,
+        query_dtype=query_dtype,
+    )
+
+
+def decide_layers(
+    entries: list[tuple[Any, torch.Tensor]],
+    kernel: AsmKernel,
+    model_config: ModelConfig,
+    memory_fraction: float | None = None,
+) -> dict[str, AsmLayerBinding]:
+    """Decide decoder layers (with their bound caches) for asm or HIP; returns the
+    bindings of those bound for asm, by layer name, and leaves every layer's reasons in
+    ``impl.asm_rejections``.
+
+    Each layer is checked against the rule and the guards; the scale tables of those
+    that pass are budgeted, in layer order, against one memory reading of their device
+    (capped to what ``memory_fraction``, vLLM's ``gpu_memory_utilization``, left
+    unclaimed), and the layers whose tables do not fit keep the HIP decode too.
+    """
+    candidates = []
+    old_aiter_kept_hip = False
+    for layer, kv_cache in entries:
+        impl = layer.impl
+        reasons = rejection_reasons(
+            impl, kv_cache, model_config, kernel.table, kernel.aiter
+        )
+        impl.asm_rejections = reasons
+        if not reasons:
+            candidates.append((layer, kv_cache))
+        elif (
+            problem := kernel.aiter.block_id_problem(
+                kv_cache.shape[0], kv_page_bytes(impl, kv_cache)
+            )
+        ) and problem in reasons:
+            old_aiter_kept_hip = True
+    bindings: dict[str, AsmLayerBinding] = {}
+    if candidates:
+        device = candidates[0][1].device
+        budget = fit_tables(
+            [scale_table_keys(layer.impl, layer, kv) for layer, kv in candidates],
+            table_memory(device, memory_fraction),
+            existing_tables(),
+        )
+        kv_bytes = sum(
+            {
+                kv.data_ptr(): kv.numel() * kv.element_size() for _, kv in entries
+            }.values()
+        )
+        fitting = sum(budget.fits)
+        logger.info(
+            "ROCM_ATTN asm decode: %d scale table(s) for %d layer(s), %s, %.3f %% of "
+            "their KV cache%s",
+            budget.tables,
+            len(candidates),
+            mib(budget.bytes),
+            100 * budget.bytes / max(kv_bytes, 1),
+            ""
+            if fitting == len(candidates)
+            else f"; {mib(budget.new_bytes)} of them fit for {fitting} layer(s)",
+        )
+        no_room = (
+            f"scale tables that do not fit in the free device memory vLLM left "
+            f"({mib(budget.free or 0)} on {device}, {mib(budget.margin)} kept spare)"
+        )
+        for (layer, kv_cache), fits in zip(candidates, budget.fits, strict=True):
+            if fits:
+                bindings[layer.layer_name] = make_binding(
+                    layer.impl, layer, kv_cache, cast(torch.dtype, model_config.dtype)
+                )
+            else:
+                layer.impl.asm_rejections = [no_room]
+    if old_aiter_kept_hip:
+        logger.warning_once("ROCM_ATTN asm decode: %s", TRUST_HINT)
+    return bindings
 
 
 class RocmAsmDecodeBackend(RocmAttentionBackend):

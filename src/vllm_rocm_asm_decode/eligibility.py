@@ -1,142 +1,129 @@
-"""Whether a layer can decode on ``pa_fwd_asm``: one clause per hard fact of the kernel.
+"""What the plugin lets run the asm decode: :mod:`.core`'s rule, and around it the
+guards only a plugin needs, because it runs on whatever AITER is installed.
 
-Decided once per layer, when its KV cache is bound and its scales are final. A rejected
-layer keeps the stock HIP/Triton decode; each reason is a sentence for the log.
+Per layer (once, at bind time), :func:`rejection_reasons` is the core rule's reasons
+and, where the core rule passes, the guards':
+
+* the installed AITER's kernel table (``pa_asm.csv``) has the ultra-precision row the
+  launcher would pick, and that row's ``.co`` file is installed (:mod:`.kernel_table`);
+* an AITER before 0.1.17 is kept away from caches of more blocks than it reads right
+  (:mod:`.aiter_version`).
+
+Per step, the cut is the core's ``2 x compute units`` unless
+``VLLM_ROCM_ASM_DECODE_CUT`` moves it (:func:`resolve_cut`); per call,
+:func:`call_uses_asm` checks what the kernel reads of the call's tensors. Memory for
+the scale tables is budgeted in :mod:`.scale_tables`.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
+from vllm.config import ModelConfig
+from vllm.v1.attention.ops.paged_attn import PagedAttention
 
 from .aiter_version import AiterBuild
-from .kernel_table import ULTRA_PRECISION, KernelTable, dtype_name
+from .core import ASM_HEADS_PER_CU, ASM_PRECISION, asm_decode_rejections
+from .kernel_table import KernelTable, dtype_name
 
-#: The launcher passes the kernel no other head size.
-ASM_HEAD_SIZE = 128
-#: The shipped fp8 ultra-precision kernels exist for 16-token blocks only. At fp8 and 16
-#: tokens, vLLM's V page ``[head_size, 16]`` and the interleaved V page the fused RoPE +
-#: cache writer stores after ``set_interleaved_v_cache()`` (``[16/16, head_size, 16]``)
-#: are both byte for byte AITER's shuffled V, so no relayout is needed either way; at
-#: any other block size or element width the plain V page is not, and is refused here.
-ASM_BLOCK_SIZE = 16
-#: Longest model context the replaced HIP kernel serves
-#: (``use_rocm_custom_paged_attention``).
-MAX_MODEL_LEN = 131072
-#: Longest context validated on hardware (passkey retrieval); longer ones are
-#: unvalidated.
+if TYPE_CHECKING:
+    from vllm.v1.attention.backends.rocm_attn import RocmAttentionImpl
+
+#: Longest context validated on hardware (passkey retrieval, in the original change's
+#: runs); longer ones, up to the core's ``ASM_MAX_MODEL_LEN``, are unvalidated.
 VALIDATED_CONTEXT = 32768
-#: KV cache dtypes stored as the platform's e4m3 (``fp8_e5m2`` would be misread as
-#: e4m3).
-E4M3_CACHE_DTYPES = ("fp8", "fp8_e4m3")
-#: Relative tolerance for the softmax scale: Llama/Qwen3 pass ``128 ** -0.5``, which
-#: differs from the launcher's ``1 / sqrt(128)`` in the last bit.
-SCALE_RTOL = 1e-6
 
 
-@dataclass(frozen=True)
-class LayerFacts:
-    """What the rule needs to know about one attention layer."""
-
-    kv_cache_dtype: str
-    block_size: int
-    head_size: int
-    num_heads: int
-    num_kv_heads: int
-    query_dtype: torch.dtype
-    scale: float
-    sliding_window: bool
-    alibi: bool
-    logits_soft_cap: float
-    sinks: bool
-    decoder_self_attention: bool
-    native_kv_layout: bool
-    max_model_len: int
-    #: Blocks in the layer's KV cache; None where not known yet (``plan`` without
-    #: ``--num-gpu-blocks``), which leaves the block-id clause undecided.
-    num_blocks: int | None = None
-    #: Bytes from one K page to the next (the block stride the launcher passes).
-    kv_page_bytes: int | None = None
+def kv_page_bytes(impl: RocmAttentionImpl, kv_cache: torch.Tensor) -> int:
+    """Bytes from one K page to the next: the block stride the launcher passes."""
+    key_cache, _ = split_cache(impl, kv_cache)
+    return key_cache.stride(0) * key_cache.element_size()
 
 
-def hardcoded_softmax_scale(head_size: int) -> float:
-    """The scale the launcher bakes in: ``1 / sqrt(head_size)`` in float32."""
-    return float(torch.tensor(1.0 / math.sqrt(head_size), dtype=torch.float32))
+def split_cache(
+    impl: RocmAttentionImpl, kv_cache: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """vLLM's K ``[nb, nkv, hd/x, bs, x]`` and V ``[nb, nkv, hd, bs]`` views of a
+    layer's bound cache, as ``RocmAttentionImpl.forward`` makes them."""
+    return PagedAttention.split_kv_cache(
+        kv_cache.transpose(0, 1), impl.num_kv_heads, impl.head_size
+    )
+
+
+def guard_reasons(
+    impl: RocmAttentionImpl,
+    kv_cache: torch.Tensor,
+    model_config: ModelConfig,
+    kernels: KernelTable,
+    aiter: AiterBuild,
+) -> list[str]:
+    """What the installed AITER has not proven for a layer the core rule admits."""
+    reasons = []
+    key_cache, _ = split_cache(impl, kv_cache)
+    gqa = impl.num_heads // impl.num_kv_heads
+    # Launcher: no table row -> hard error. Asked for exactly as the call will ask.
+    row = kernels.find(
+        q_type=dtype_name(model_config.dtype) or "",
+        kv_type="fp8",
+        gqa=gqa,
+        block_size=key_cache.shape[3],
+        high_precision=ASM_PRECISION,
+    )
+    if row is None:
+        reasons.append(
+            f"GQA {gqa} has no ultra-precision asm kernel on {kernels.arch} "
+            f"({kernels.source})"
+        )
+    elif (missing := kernels.missing_file(row)) is not None:
+        # Launcher: loads the row's .co file at the first call -> hard error if absent.
+        reasons.append(f"kernel file {missing} not installed (listed in pa_asm.csv)")
+    # AITER before 0.1.17 misaddresses blocks >= 65536 or past 2 GiB, silently.
+    problem = aiter.block_id_problem(key_cache.shape[0], kv_page_bytes(impl, kv_cache))
+    if problem:
+        reasons.append(problem)
+    return reasons
 
 
 def rejection_reasons(
-    facts: LayerFacts, kernels: KernelTable, aiter: AiterBuild
+    impl: RocmAttentionImpl,
+    kv_cache: torch.Tensor,
+    model_config: ModelConfig,
+    kernels: KernelTable,
+    aiter: AiterBuild,
 ) -> list[str]:
-    """Why this layer cannot run the asm decode; empty when it can."""
-    f = facts
-    reasons: list[str] = []
-    # The ultra-precision kernels read an fp8 e4m3 cache.
-    if f.kv_cache_dtype not in E4M3_CACHE_DTYPES:
-        reasons.append(
-            f"{f.kv_cache_dtype} KV cache (the asm decode reads fp8 e4m3 only)"
-        )
-    # Launcher: AITER_CHECK(head_size == 128).
-    if f.head_size != ASM_HEAD_SIZE:
-        reasons.append(f"head size {f.head_size} (the asm kernel takes 128 only)")
-    # Launcher: Q must be fp16 or bf16.
-    q_type = dtype_name(f.query_dtype)
-    q_ok = q_type in ("bf16", "fp16")
-    if not q_ok:
-        reasons.append(f"{f.query_dtype} query (the asm kernel takes bf16/fp16 only)")
-    if f.block_size != ASM_BLOCK_SIZE:
-        reasons.append(f"block size {f.block_size} (asm decode needs 16-token blocks)")
-    if f.num_kv_heads <= 0 or f.num_heads % f.num_kv_heads:
-        reasons.append(f"{f.num_heads} query heads over {f.num_kv_heads} KV heads")
-    elif not kernels.arch:
-        # The launcher picks from the table of the arch it runs on; none is known here.
-        reasons.append("an unknown GPU architecture (neither vLLM nor torch names it)")
-    elif q_ok and q_type is not None and f.block_size == ASM_BLOCK_SIZE:
-        # Launcher: no table row -> hard error. Asked for exactly as the call will ask.
-        gqa = f.num_heads // f.num_kv_heads
-        row = kernels.find(
-            q_type=q_type,
-            kv_type="fp8",
-            gqa=gqa,
-            block_size=f.block_size,
-            high_precision=ULTRA_PRECISION,
-        )
-        if row is None:
-            reasons.append(
-                f"GQA {gqa} has no ultra-precision asm kernel on {kernels.arch}"
-            )
-        elif (missing := kernels.missing_file(row)) is not None:
-            # Launcher: loads the row's .co file at the first call -> hard error if
-            # absent.
-            reasons.append(
-                f"kernel file {missing} not installed (listed in pa_asm.csv)"
-            )
-    # Launcher: the softmax scale is hardcoded to 1/sqrt(head_size).
-    expected = hardcoded_softmax_scale(f.head_size)
-    if not math.isclose(f.scale, expected, rel_tol=SCALE_RTOL):
-        reasons.append(f"softmax scale {f.scale:g} != 1/sqrt({f.head_size})")
-    # The kernel has no arguments for any of these.
-    if f.sliding_window:
-        reasons.append("sliding window (not supported by the asm kernel)")
-    if f.alibi:
-        reasons.append("ALiBi (not supported by the asm kernel)")
-    if f.logits_soft_cap:
-        reasons.append("logits soft cap (not supported by the asm kernel)")
-    if f.sinks:
-        reasons.append("attention sinks (not supported by the asm kernel)")
-    # Causal decode over the layer's own cache only.
-    if not f.decoder_self_attention:
-        reasons.append("not decoder self-attention")
-    # The kernel steps between pages by a whole dense page.
-    if not f.native_kv_layout:
-        reasons.append("KV cache pages are not dense (needs vLLM's LHBNC layout)")
-    # Envelope of the HIP kernel it replaces.
-    if f.max_model_len > MAX_MODEL_LEN:
-        reasons.append(f"max_model_len {f.max_model_len} > {MAX_MODEL_LEN}")
-    # AITER before 0.1.17 misaddresses blocks >= 65536 or past 2 GiB, silently.
-    if f.num_blocks is not None and (
-        problem := aiter.block_id_problem(f.num_blocks, f.kv_page_bytes)
-    ):
-        reasons.append(problem)
-    return reasons
+    """Why this layer keeps the HIP decode in the plugin; empty when it may run asm.
+    The core rule's reasons, else the guards'."""
+    reasons = asm_decode_rejections(impl, kv_cache, model_config, kernels.arch)
+    return reasons or guard_reasons(impl, kv_cache, model_config, kernels, aiter)
+
+
+def default_cut(compute_units: int) -> int:
+    """The core's cut: query heads above which the asm kernel fills the GPU."""
+    return ASM_HEADS_PER_CU * compute_units
+
+
+def resolve_cut(compute_units: int, override: int | None = None) -> int:
+    """``override`` (``VLLM_ROCM_ASM_DECODE_CUT``) when set, else the core's."""
+    return override if override is not None else default_cut(compute_units)
+
+
+def describe_cut(compute_units: int, override_source: str | None = None) -> str:
+    """Where the cut comes from, for logs and ``plan``: ``override_source`` (the setting
+    that overrode it) or the compute units."""
+    if override_source is not None:
+        return f"set by {override_source}"
+    return f"{ASM_HEADS_PER_CU} x {compute_units} CUs"
+
+
+def call_uses_asm(
+    *,
+    step_asm: bool,
+    layer_eligible: bool,
+    output_quant_requested: bool,
+    tensors_ok: bool,
+) -> bool:
+    """Whether one ``forward`` call runs the asm kernel: the step chose it, the layer is
+    bound, no fused output quantization was asked for, and the call's tensors are what
+    the kernel reads (the layer's query dtype with dense heads, a dense output)."""
+    return step_asm and layer_eligible and not output_quant_requested and tensors_ok

@@ -1,10 +1,9 @@
-"""The boundary to AITER: whether it is there and on, find ``aiter.pa_fwd_asm``, check
-its signature, know its kernels.
+"""The plugin's guard at the boundary to AITER: whether it is there and on, whether
+``aiter.pa_fwd_asm`` takes the call :func:`.core.asm_decode` makes, which GPU this is,
+and which kernels the installed AITER has.
 
 Loaded once per worker process, at the first metadata build after the KV cache is
-bound. The kernel is called by keyword with ``high_precision``: through vLLM's
-``rocm_aiter_ops.pa_fwd_asm`` where that wrapper takes ``high_precision``, else (vLLM
-0.33's wrapper does not pass it) through ``aiter.pa_fwd_asm`` itself.
+bound. The call itself goes through :mod:`.aiter_ops`.
 """
 
 from __future__ import annotations
@@ -58,9 +57,8 @@ REQUIRED_PARAMETERS = (
 
 @dataclass(frozen=True)
 class AsmKernel:
-    """A usable ``pa_fwd_asm`` and the kernel table of the GPU it runs on."""
+    """A usable ``pa_fwd_asm``: the kernel table of the GPU it runs on."""
 
-    run: Callable[..., torch.Tensor]
     table: KernelTable
     #: The installed AITER's version, and whether it is trusted with high KV blocks.
     aiter: AiterBuild
@@ -140,10 +138,6 @@ def load_asm_kernel(
     problem = signature_problem(fn)
     if problem is not None:
         return None, problem
-    from vllm._aiter_ops import rocm_aiter_ops
-
-    if "high_precision" in (_parameter_names(rocm_aiter_ops.pa_fwd_asm) or ()):
-        fn = rocm_aiter_ops.pa_fwd_asm
     table, note = load_table(asm_dir(), arch)
     aiter_build = AiterBuild.installed(trusted=trust_aiter)
-    return AsmKernel(run=fn, table=table, aiter=aiter_build, table_note=note), None
+    return AsmKernel(table=table, aiter=aiter_build, table_note=note), None

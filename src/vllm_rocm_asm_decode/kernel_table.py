@@ -32,7 +32,7 @@ def normalize_arch(gcn_arch: str) -> str:
     return gcn_arch.split(":", 1)[0].strip()
 
 
-def dtype_name(dtype: torch.dtype) -> str | None:
+def dtype_name(dtype: torch.dtype | str) -> str | None:
     """The launcher's name for a tensor dtype (its ``qType`` / ``kvType`` columns)."""
     if dtype == torch.float16:
         return "fp16"

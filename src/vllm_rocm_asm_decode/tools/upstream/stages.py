@@ -1,0 +1,429 @@
+"""The in-tree change as a stack of pull requests, each an edit of vLLM's own files.
+
+* Stage 1, the asm decode: :mod:`vllm_rocm_asm_decode.core` written into
+  ``rocm_attn.py`` as it stands, wired into the metadata, the builder and ``forward``;
+  ``rocm_aiter_ops.pa_fwd_asm`` passes ``high_precision`` on (AITER's default kept);
+  the kernel tests.
+* Stage 2, mixed prefill+decode steps: :mod:`vllm_rocm_asm_decode.mixed` written into
+  ``rocm_attn.py``, wired in, and a prefill-only option of
+  ``chunked_prefill_paged_decode``.
+
+Each stage's wiring is text here; the rule, the decision and the call come from the
+runtime modules, so no clause of the rule is written twice. Each edit is anchored by
+name, is left alone when it is already there (a rerun changes nothing), and stops the
+run when another version of it is.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Callable
+from pathlib import Path
+
+from .source import Source, UpstreamError
+
+ROCM_ATTN = Path("vllm/v1/attention/backends/rocm_attn.py")
+AITER_OPS = Path("vllm/_aiter_ops.py")
+PAGED_DECODE = Path("vllm/v1/attention/ops/chunked_prefill_paged_decode.py")
+KERNEL_TEST = Path("tests/kernels/attention/test_rocm_attn_aiter_asm_decode.py")
+
+_RUNTIME_DIR = Path(__file__).resolve().parents[2]
+_RUNTIME_NAME = _RUNTIME_DIR.name
+#: What the runtime modules' plugin-relative imports are in vLLM: a vLLM name, or None
+#: for a name an earlier stage defines in ``rocm_attn.py`` itself.
+_IN_TREE_NAMES: dict[str, str | None] = {"aiter_ops": "vllm._aiter_ops", "core": None}
+
+
+# --------------------------------------------------------------------------------------
+# A runtime module as a block of rocm_attn.py
+
+
+Import = tuple[str, str | None, str | None]
+
+
+def runtime_block(module: str, source: str | None = None) -> tuple[str, list[Import]]:
+    """Runtime module ``module`` below its imports (its docstring, imports and
+    ``TYPE_CHECKING`` block left out), and the imports that text needs, as ``(module,
+    name, alias)`` (``name`` None for ``import module [as alias]``)."""
+    origin = f"{module}.py"
+    if source is None:
+        source = (_RUNTIME_DIR / origin).read_text(encoding="utf-8")
+    tree = ast.parse(source)
+    body = list(tree.body)
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        body = body[1:]
+    imports: list[Import] = []
+    last = 0
+    for node in body:
+        if isinstance(node, ast.Import):
+            imports += [(a.name, None, a.asname) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            imports += _in_tree_import(node, origin)
+        elif isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING":
+            pass
+        else:
+            break
+        last = node.end_lineno or node.lineno
+    imports = [i for i in imports if i[:2] != ("typing", "TYPE_CHECKING")]
+    text = "\n".join(source.split("\n")[last:]).strip("\n")
+    return text, imports
+
+
+def _in_tree_import(node: ast.ImportFrom, origin: str) -> list[Import]:
+    module = node.module or ""
+    if any(a.asname for a in node.names):
+        raise UpstreamError(f"{origin}: `from {module} import ... as ...` is not written")
+    if node.level == 0 and not module.startswith(f"{_RUNTIME_NAME}."):
+        return [(module, a.name, None) for a in node.names]
+    relative = module if node.level == 1 else module.removeprefix(f"{_RUNTIME_NAME}.")
+    if node.level > 1 or relative not in _IN_TREE_NAMES:
+        raise UpstreamError(f"{origin} imports {relative or '.'}, which vLLM does not have")
+    target = _IN_TREE_NAMES[relative]
+    return [] if target is None else [(target, a.name, None) for a in node.names]
+
+
+def add_block_after(src: Source, anchor: ast.stmt, block: str, marker: str) -> None:
+    """A module-level block two blank lines after the statement ``anchor``."""
+    if not src.carries(block, marker, None, "the module"):
+        src.insert_after_line(anchor.end_lineno or anchor.lineno, "\n\n" + block)
+
+
+def add_runtime_block(src: Source, module: str, after: Callable[[], ast.stmt]) -> None:
+    block, imports = runtime_block(module)
+    for name, item, alias in imports:
+        src.ensure_import(name, item, alias)
+    first_def = next(line for line in block.split("\n") if line.startswith(("def ", "class ")))
+    add_block_after(src, after(), block, first_def.split("(")[0])
+
+
+def _logger(src: Source) -> ast.stmt:
+    node = next(
+        (
+            n
+            for n in src.tree().body
+            if isinstance(n, ast.Assign)
+            and [ast.unparse(t) for t in n.targets] == ["logger"]
+        ),
+        None,
+    )
+    if node is None:
+        raise src.moved("no module-level `logger = init_logger(__name__)`")
+    return node
+
+
+# --------------------------------------------------------------------------------------
+# Stage 1
+
+
+_METADATA_FIELDS = """\
+    # pa_fwd_asm decodes this step, for the layers it has scale tables of.
+    use_asm_decode: bool = False
+    asm_scales: AsmScales = field(default_factory=dict)"""
+
+_BUILDER_INIT = """\
+
+        # ROCM_ATTN's own builder only: the backends built on it keep their decode.
+        self.asm_decode_enabled = type(self) is RocmAttentionMetadataBuilder and bool(
+            rocm_aiter_ops.is_mha_enabled()
+        )
+        self.asm_scales: AsmScales | None = None"""
+
+_BUILDER_BIND = """\
+
+    def _bind_asm_decode(self) -> None:
+        \"\"\"Map each layer pa_fwd_asm can decode to its per-slot scale tables.\"\"\"
+        from vllm.platforms.rocm import _GCN_ARCH
+        from vllm.v1.attention.backends.rocm_aiter_fa import (
+            AiterFlashAttentionMetadataBuilder,
+        )
+
+        tables = AiterFlashAttentionMetadataBuilder.asm_kv_scale_tables
+        layers = self.vllm_config.compilation_config.static_forward_context
+        self.asm_cut = ASM_HEADS_PER_CU * num_compute_units(self.device.index or 0)
+        self.asm_scales = {}
+        for layer in (layers[name] for name in self.layer_names):
+            reasons = asm_decode_rejections(
+                layer.impl, layer.kv_cache, self.vllm_config.model_config, _GCN_ARCH
+            )
+            if reasons:
+                logger.debug_once("ROCM_ATTN asm decode off: %s", ", ".join(reasons))
+                continue
+            shape = (layer.kv_cache.shape[0], layer.impl.num_kv_heads, ASM_BLOCK_SIZE)
+            self.asm_scales[layer] = (
+                tables.get(self.device, *shape, layer._k_scale_float),
+                tables.get(self.device, *shape, layer._v_scale_float),
+            )
+        if self.asm_scales:
+            logger.info_once("ROCM_ATTN: asm decode above %d query heads", self.asm_cut)"""
+
+_BUILD_DECIDE = """\
+        if self.asm_decode_enabled and self.asm_scales is None:
+            self._bind_asm_decode()
+        use_asm = bool(self.asm_scales) and use_asm_decode(
+            common_attn_metadata, self.num_heads_q, self.asm_cut
+        )
+"""
+
+_FORWARD_ASM = """\
+        scales = attn_metadata.asm_scales.get(layer)
+        if attn_metadata.use_asm_decode and scales and output_scale is None:
+            asm_decode(
+                query[:num_actual_tokens],
+                key_cache,
+                value_cache,
+                block_table,
+                seqused_k,
+                scales,
+                output[:num_actual_tokens],
+            )
+            return output
+"""
+
+
+def stage1_rocm_attn(src: Source) -> None:
+    src.ensure_import("dataclasses", "field")
+    src.ensure_import("vllm.utils.platform_utils", "num_compute_units")
+    add_runtime_block(src, "core", lambda: _logger(src))
+
+    metadata = src.find("RocmAttentionMetadata")
+    if not src.carries(_METADATA_FIELDS, "use_asm_decode:", metadata, "RocmAttentionMetadata"):
+        last = metadata.body[-1]
+        src.insert_after_line(last.end_lineno or last.lineno, "\n" + _METADATA_FIELDS)
+
+    builder = "RocmAttentionMetadataBuilder"
+    init = src.find_def(builder, "__init__")
+    if not src.carries(_BUILDER_INIT, "asm_decode_enabled", init, f"{builder}.__init__"):
+        last = init.body[-1]
+        src.insert_after_line(last.end_lineno or last.lineno, _BUILDER_INIT)
+    init = src.find_def(builder, "__init__")
+    if not src.carries(_BUILDER_BIND, "def _bind_asm_decode", None, builder):
+        src.insert_after_line(init.end_lineno or init.lineno, _BUILDER_BIND)
+
+    build = src.find_def(builder, "build")
+    where = f"{builder}.build"
+    if not src.carries(_BUILD_DECIDE, "use_asm_decode(", build, where):
+        target = src.statement(build, _metadata_assignment(src, build), where)
+        src.insert_after_line(target.lineno - 1, _BUILD_DECIDE.rstrip("\n"))
+    build = src.find_def(builder, "build")
+    call = _metadata_call(src, build, where)
+    keywords = {k.arg: k for k in call.keywords}
+    for item, after in (("use_asm_decode=use_asm", "causal"), ("asm_scales=self.asm_scales or {}", "use_asm_decode")):
+        if f"{item}," not in src.segment(call):
+            if after not in keywords:
+                raise src.moved(f"{where}: RocmAttentionMetadata(...) has no {after}=")
+            src.add_item_after(keywords[after], item)
+            call = _metadata_call(src, src.find_def(builder, "build"), where)
+            keywords = {k.arg: k for k in call.keywords}
+
+    forward = src.find_def("RocmAttentionImpl", "forward")
+    where = "RocmAttentionImpl.forward"
+    if not src.carries(_FORWARD_ASM, "asm_decode(", forward, where):
+        names = [a.arg for a in forward.args.args]
+        if "output_scale" not in names or "layer" not in names:
+            raise src.moved(f"{where}({', '.join(names)}) has no layer or output_scale")
+        call = src.call_statement(forward, "chunked_prefill_paged_decode", where)
+        src.insert_after_line(src.comment_start(call) - 1, _FORWARD_ASM)
+
+
+def _metadata_assignment(src: Source, build: ast.FunctionDef) -> str:
+    node = next(
+        (
+            n
+            for n in build.body
+            if isinstance(n, ast.Assign)
+            and [ast.unparse(t) for t in n.targets] == ["attn_metadata"]
+            and isinstance(n.value, ast.Call)
+            and ast.unparse(n.value.func) == "RocmAttentionMetadata"
+        ),
+        None,
+    )
+    if node is None:
+        raise src.moved("RocmAttentionMetadataBuilder.build: no `attn_metadata = RocmAttentionMetadata(...)`")
+    return src.segment(node)
+
+
+def _metadata_call(src: Source, build: ast.FunctionDef, where: str) -> ast.Call:
+    node = src.statement(build, _metadata_assignment(src, build), where)
+    assert isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
+    return node.value
+
+
+def stage1_aiter_ops(src: Source) -> None:
+    """``rocm_aiter_ops.pa_fwd_asm(..., high_precision: int = 1)``, passed on to AITER:
+    1 is AITER's own default, so a call without it reaches AITER as before."""
+    fn = src.find_def("rocm_aiter_ops", "pa_fwd_asm")
+    names = [a.arg for a in fn.args.args]
+    where = "rocm_aiter_ops.pa_fwd_asm"
+    if not src.carries("        high_precision: int = 1,\n", "high_precision", fn, where):
+        out = next((a for a in fn.args.args if a.arg == "out_"), None)
+        if out is None or names[-1] != "out_":
+            raise src.moved("rocm_aiter_ops.pa_fwd_asm: out_ is not its last argument")
+        src.add_item_after(out, "high_precision: int = 1")
+    fn = src.find_def("rocm_aiter_ops", "pa_fwd_asm")
+    call = next(
+        (
+            n
+            for n in ast.walk(fn)
+            if isinstance(n, ast.Call) and src.segment(n.func) == "pa_fwd_asm"
+        ),
+        None,
+    )
+    if call is None:
+        raise src.moved("rocm_aiter_ops.pa_fwd_asm: no call of aiter's pa_fwd_asm")
+    keywords = {k.arg: k for k in call.keywords}
+    if not src.carries("high_precision=high_precision,\n", "high_precision=", call, where):
+        out_kw = keywords.get("out_")
+        if out_kw is None or call.keywords[-1] is not out_kw:
+            raise src.moved("rocm_aiter_ops.pa_fwd_asm: out_= is not the last keyword")
+        src.add_item_after(out_kw, "high_precision=high_precision")
+
+
+# --------------------------------------------------------------------------------------
+# Stage 2
+
+
+_SPLIT_FIELD = "    asm_split: AsmDecodeSplit | None = None"
+
+_SPLIT_INIT = """\
+        self.asm_split_off = asm_split_off(vllm_config)
+        if (
+            self.asm_decode_enabled
+            and self.asm_split_off is None
+            and asm_split_reorders(kv_cache_spec, vllm_config.cache_config.cache_dtype)
+        ):
+            # Decodes first, so that a mixed step splits at one boundary.
+            self._init_reorder_batch_threshold(1)"""
+
+_SPLIT_BIND = """\
+        # Model Runner V2 resolves the CUDA graph mode after it makes the builders.
+        self.asm_split_off = asm_split_off(self.vllm_config)"""
+
+_SPLIT_BUILD = """\
+        asm_split = None
+        if self.asm_scales and self.asm_split_off is None:
+            asm_split = split_asm_decode(
+                common_attn_metadata, self.num_heads_q, self.asm_cut
+            )
+"""
+
+_SPLIT_CAPTURE = "        attn_metadata.asm_split = None  # a graph must not replay a split"
+
+_SPLIT_FORWARD = """\
+        split = attn_metadata.asm_split if scales and output_scale is None else None
+        if split is not None:
+            # A mixed step: the prefill kernel on the prefill requests' views, then
+            # pa_fwd_asm on the leading decode requests.
+            cu_seqlens_q = split.prefill_query_start_loc
+            seqused_k = split.prefill_seq_lens
+            block_table = split.prefill_block_table
+"""
+
+_SPLIT_DECODE = """\
+        if scales and split is not None:
+            asm_decode(
+                query[: split.num_decodes],
+                key_cache,
+                value_cache,
+                split.decode_block_table,
+                split.decode_seq_lens,
+                scales,
+                output[: split.num_decodes],
+            )
+"""
+
+_PREFILL_ONLY = """\
+    if prefill_only:  # the caller decodes the one-token requests itself
+        return
+"""
+
+
+def stage2_rocm_attn(src: Source) -> None:
+    add_runtime_block(src, "mixed", lambda: src.find("asm_decode"))
+
+    metadata = src.find("RocmAttentionMetadata")
+    if not src.carries(_SPLIT_FIELD, "asm_split:", metadata, "RocmAttentionMetadata"):
+        last = metadata.body[-1]
+        src.insert_after_line(last.end_lineno or last.lineno, _SPLIT_FIELD)
+
+    builder = "RocmAttentionMetadataBuilder"
+    init = src.find_def(builder, "__init__")
+    if not src.carries(_SPLIT_INIT, "asm_split_off", init, f"{builder}.__init__"):
+        last = init.body[-1]
+        src.insert_after_line(last.end_lineno or last.lineno, _SPLIT_INIT)
+
+    bind = src.find_def(builder, "_bind_asm_decode")
+    where = f"{builder}._bind_asm_decode"
+    if not src.carries(_SPLIT_BIND, "asm_split_off", bind, where):
+        anchor = src.statement(bind, "self.asm_scales = {}", where)
+        src.insert_after_line(anchor.lineno - 1, _SPLIT_BIND)
+
+    build = src.find_def(builder, "build")
+    where = f"{builder}.build"
+    if not src.carries(_SPLIT_BUILD, "split_asm_decode(", build, where):
+        target = src.statement(build, _metadata_assignment(src, build), where)
+        src.insert_after_line(target.lineno - 1, _SPLIT_BUILD.rstrip("\n"))
+    call = _metadata_call(src, src.find_def(builder, "build"), where)
+    keywords = {k.arg: k for k in call.keywords}
+    if "asm_split=asm_split," not in src.segment(call):
+        if "asm_scales" not in keywords:
+            raise src.moved(f"{where}: RocmAttentionMetadata(...) has no asm_scales=")
+        src.add_item_after(keywords["asm_scales"], "asm_split=asm_split")
+
+    capture = src.find_def(builder, "build_for_cudagraph_capture")
+    where = f"{builder}.build_for_cudagraph_capture"
+    if not src.carries(_SPLIT_CAPTURE, "asm_split", capture, where):
+        anchor = src.statement(capture, "attn_metadata = self.build(0, common_attn_metadata)", where)
+        src.insert_after_line(anchor.end_lineno or anchor.lineno, _SPLIT_CAPTURE)
+
+    forward = src.find_def("RocmAttentionImpl", "forward")
+    where = "RocmAttentionImpl.forward"
+    if not src.carries(_SPLIT_FORWARD, "asm_split", forward, where):
+        call = src.call_statement(forward, "chunked_prefill_paged_decode", where)
+        src.insert_after_line(src.comment_start(call) - 1, _SPLIT_FORWARD)
+    forward = src.find_def("RocmAttentionImpl", "forward")
+    call = src.call_statement(forward, "chunked_prefill_paged_decode", where)
+    assert isinstance(call.value, ast.Call)
+    keywords = {k.arg: k for k in call.value.keywords}
+    if "prefill_only=split is not None," not in src.segment(call):
+        if "causal" not in keywords:
+            raise src.moved(f"{where}: chunked_prefill_paged_decode(...) has no causal=")
+        src.add_item_after(keywords["causal"], "prefill_only=split is not None")
+    forward = src.find_def("RocmAttentionImpl", "forward")
+    if not src.carries(_SPLIT_DECODE, "split.decode_block_table", forward, where):
+        ret = forward.body[-1]
+        if not (isinstance(ret, ast.Return) and ast.unparse(ret) == "return output"):
+            raise src.moved(f"{where} does not end in `return output`")
+        src.insert_after_line(ret.lineno - 1, _SPLIT_DECODE.rstrip("\n") + "\n")
+
+
+def stage2_paged_decode(src: Source) -> None:
+    """``chunked_prefill_paged_decode(..., prefill_only=False)``: with True it runs the
+    prefill kernel alone (the same call as without it) and returns."""
+    fn = src.find_def("chunked_prefill_paged_decode")
+    where = "chunked_prefill_paged_decode"
+    if not src.carries("    prefill_only: bool = False,\n", "prefill_only", fn, where):
+        causal = next((a for a in fn.args.args if a.arg == "causal"), None)
+        if causal is None or fn.args.args[-1] is not causal:
+            raise src.moved(f"{where}: causal is not its last argument")
+        default = fn.args.defaults[-1]
+        src.add_item_after(default, "prefill_only: bool = False")
+    fn = src.find_def("chunked_prefill_paged_decode")
+    if not src.carries(_PREFILL_ONLY, "if prefill_only", fn, where):
+        prefill = next(
+            (
+                n
+                for n in fn.body
+                if isinstance(n, ast.If) and ast.unparse(n.test) == "max_query_len > 1"
+            ),
+            None,
+        )
+        if prefill is None:
+            raise src.moved(f"{where}: no `if max_query_len > 1:` prefill block")
+        src.insert_after_line(prefill.end_lineno or prefill.lineno, "\n" + _PREFILL_ONLY.rstrip("\n"))
+
+
+#: Each stage's edits, by file.
+STAGES: dict[int, dict[Path, Callable[[Source], None]]] = {
+    1: {ROCM_ATTN: stage1_rocm_attn, AITER_OPS: stage1_aiter_ops},
+    2: {ROCM_ATTN: stage2_rocm_attn, PAGED_DECODE: stage2_paged_decode},
+}
