@@ -129,9 +129,7 @@ def aiter_version(monkeypatch):
     """Set the stand-in AITER's version (None: unknown; below 0.1.17 its kernel misreads
     block ids >= 65536 as AITER's did), with the trust switch unset and the kernel read
     afresh."""
-    from harness import runtime
-
-    load_asm_kernel = runtime("kernel").load_asm_kernel
+    from vllm_rocm_asm_decode.kernel import load_asm_kernel
 
     def set_version(version: str | None) -> None:
         if version is None:

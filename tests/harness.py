@@ -10,12 +10,10 @@ as the device kernels do for any layout vLLM hands them.
 
 from __future__ import annotations
 
-import importlib
 import os
 import subprocess
 import sys
 from dataclasses import dataclass
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -45,30 +43,71 @@ from vllm_rocm_asm_decode.tools.testbed import (  # noqa: F401 - the tests use t
 # Which form of the change runs: the plugin on stock vLLM, or vLLM patched by `upstream`
 
 #: ``plugin`` (default): the plugin registered on the installed vLLM. ``in-tree``: the
-#: vLLM on ``PYTHONPATH`` carries the change (``vllm-rocm-asm-decode upstream``) and the
-#: plugin is not loaded.
+#: vLLM on ``PYTHONPATH`` carries stages 1..``ASM_DECODE_TEST_STAGE`` of the change
+#: (``vllm-rocm-asm-decode upstream --stage N``) and the plugin is not loaded.
 FORM = os.environ.get("ASM_DECODE_TEST_FORM", "plugin")
 IN_TREE = FORM == "in-tree"
-#: Where the runtime modules live in this form.
-RUNTIME_PACKAGE = (
-    "vllm.v1.attention.backends.rocm_asm_decode" if IN_TREE else "vllm_rocm_asm_decode"
-)
+#: The in-tree stage under test; None for the plugin.
+STAGE = int(os.environ.get("ASM_DECODE_TEST_STAGE", "1")) if IN_TREE else None
+#: Whether mixed prefill+decode steps split (the plugin, and in-tree from stage 2).
+SPLITS_MIXED = STAGE is None or STAGE >= 2
 #: The logger the asm decode's lines go to in this form.
-LOGGER_NAME = RUNTIME_PACKAGE if IN_TREE else "vllm.rocm_asm_decode"
-#: For tests of what only the plugin has (its settings parser, its trust switch).
-plugin_only = pytest.mark.skipif(IN_TREE, reason="the plugin's own setting; not in-tree")
+LOGGER_NAME = "vllm.v1.attention.backends.rocm_attn" if IN_TREE else "vllm.rocm_asm_decode"
+#: For tests of what only the plugin has: its guards (AITER version and kernel files,
+#: signature checks, table memory), its settings, its bindings and its log lines.
+plugin_only = pytest.mark.skipif(IN_TREE, reason="the plugin's own guard; not in-tree")
+#: For tests of the mixed split (the plugin, and in-tree from stage 2).
+splits_mixed = pytest.mark.skipif(not SPLITS_MIXED, reason="mixed steps stay whole before stage 2")
 
 
-def runtime(module: str) -> ModuleType:
-    """A runtime module (``kernel``, ``asm_path``, ...) of the form under test."""
-    return importlib.import_module(f"{RUNTIME_PACKAGE}.{module}")
+def rule(name: str):
+    """A name :mod:`vllm_rocm_asm_decode.core` or ``.mixed`` defines, from where this
+    form has it (in-tree: ``rocm_attn.py``, where stages 1 and 2 write them)."""
+    if IN_TREE:
+        from vllm.v1.attention.backends import rocm_attn
+
+        return getattr(rocm_attn, name)
+    from vllm_rocm_asm_decode import core, mixed
+
+    return getattr(core, name) if hasattr(core, name) else getattr(mixed, name)
+
+
+def asm_enabled(builder) -> bool:
+    """Whether this builder may run the asm decode at all (ROCM_ATTN's own builder, with
+    AITER's MHA on)."""
+    if IN_TREE:
+        return builder.asm_decode_enabled
+    return builder.asm_settings is not None
+
+
+def asm_layers(builder) -> set[str]:
+    """The layers the builder bound for the asm decode (after its first build)."""
+    if IN_TREE:
+        return {layer.layer_name for layer in builder.asm_scales or {}}
+    return set(builder.asm_bindings.layers)
+
+
+def scale_tables(builder, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The K and V scale tables the asm decode of layer ``name`` reads."""
+    if IN_TREE:
+        by_name = {layer.layer_name: t for layer, t in (builder.asm_scales or {}).items()}
+        return by_name[name]
+    return builder.binding(name).scales
+
+
+def kept_on_hip(log: list[str], reason: str) -> bool:
+    """Whether the asm decode's log says that layers with ``reason`` keep the HIP decode
+    (the plugin at info level, in-tree at debug level)."""
+    return any("HIP decode" in m and reason in m for m in log)
 
 
 def spy_stock_path(monkeypatch) -> list[dict[str, Any]]:
     """Record the calls that reach the stock path's attention kernel
     (``rocm_attn.chunked_prefill_paged_decode``, whose Triton fallbacks cannot run on a
     CPU) instead of running it. The same place in both forms: the plugin's
-    ``super().forward`` and the in-tree ``forward`` after its asm branch."""
+    ``super().forward`` and the in-tree ``forward`` after its asm branch. (From stage
+    2 a split step's prefill goes there too, with ``prefill_only=True``; the plugin
+    calls the prefill kernel itself.)"""
     from vllm.v1.attention.backends import rocm_attn
 
     calls: list[dict[str, Any]] = []

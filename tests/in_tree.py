@@ -1,6 +1,6 @@
 """A vLLM with the in-tree change, made from the installed one: its Python files copied
-(compiled modules and data linked, never written), then ``vllm-rocm-asm-decode upstream``
-applied, as a user would apply it to a checkout.
+(compiled modules and data linked, never written), then ``vllm-rocm-asm-decode upstream
+--stage N`` applied, as a user would apply it to a checkout.
 """
 
 from __future__ import annotations
@@ -12,8 +12,16 @@ from pathlib import Path
 
 import background
 
-#: The e2e modules that test the plugin or its tools rather than the backend.
-PLUGIN_AND_TOOL_MODULES = ("test_plugin.py", "test_plan.py", "test_doctor.py")
+#: The e2e modules that test the plugin, its guards or its tools rather than the backend:
+#: the in-tree sessions leave them out.
+PLUGIN_AND_TOOL_MODULES = (
+    "test_plugin.py",
+    "test_plan.py",
+    "test_doctor.py",
+    "test_selftest.py",
+    "test_aiter_trust.py",
+    "test_kernel_boundary.py",
+)
 
 
 def installed_vllm() -> Path:

@@ -49,7 +49,7 @@ def asm_decode_rejections(
 ) -> list[str]:
     """Why pa_fwd_asm cannot decode this layer; empty when it can."""
     if impl.attn_type != AttentionType.DECODER:
-        return [f"{impl.attn_type} attention"]
+        return ["not decoder self-attention"]
     key_cache, value_cache = PagedAttention.split_kv_cache(
         kv_cache.transpose(0, 1), impl.num_kv_heads, impl.head_size
     )

@@ -19,16 +19,25 @@ from .log import logger
 BACKEND_PATH = "vllm_rocm_asm_decode.backend.RocmAsmDecodeBackend"
 
 
-#: The package the in-tree form adds to vLLM (``vllm-rocm-asm-decode upstream``).
-IN_TREE_PACKAGE = "vllm.v1.attention.backends.rocm_asm_decode"
+#: The module the in-tree form changes (``vllm-rocm-asm-decode upstream``), and what
+#: stage 1 defines there.
+IN_TREE_MODULE = "vllm.v1.attention.backends.rocm_attn"
+IN_TREE_MARKER = "def asm_decode_rejections("
 
 
 def vllm_carries_asm_decode() -> bool:
-    """Whether the installed vLLM already has the asm decode in ``ROCM_ATTN`` (the
-    in-tree form's package is there). Finds the module without importing it."""
+    """Whether the installed vLLM already has the asm decode in ``ROCM_ATTN`` (its
+    ``rocm_attn.py`` defines the rule stage 1 writes), read without an import."""
     try:
-        return find_spec(IN_TREE_PACKAGE) is not None
+        spec = find_spec(IN_TREE_MODULE)
     except ImportError:  # a parent package is missing: not a vLLM that carries it
+        return False
+    if spec is None or not spec.origin:
+        return False
+    try:
+        with open(spec.origin, encoding="utf-8") as source:
+            return IN_TREE_MARKER in source.read()
+    except (OSError, UnicodeDecodeError):
         return False
 
 
@@ -48,8 +57,7 @@ def inactive_reason() -> str | None:
         (
             vllm_carries_asm_decode(),
             f"the installed vLLM already carries the ROCM_ATTN asm decode "
-            f"({IN_TREE_PACKAGE}); vLLM's VLLM_ROCM_ASM_DECODE and "
-            f"VLLM_ROCM_ASM_DECODE_CUT apply",
+            f"({IN_TREE_MODULE}); VLLM_ROCM_USE_AITER_MHA=0 turns it off there",
         ),
     ):
         if never:

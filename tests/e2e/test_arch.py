@@ -15,10 +15,9 @@ CUT = 2 * COMPUTE_UNITS[ARCH]  # 608 on MI300X/MI325X, 512 on MI355X
 
 def test_platform_is_the_stand_in_arch():
     from vllm.platforms import current_platform
+    from vllm.platforms.rocm import _GCN_ARCH
 
-    from vllm_rocm_asm_decode.kernel import current_arch
-
-    assert current_platform.is_rocm() and current_arch() == ARCH
+    assert current_platform.is_rocm() and _GCN_ARCH == ARCH
     assert current_platform.fp8_dtype() == FP8
 
 
@@ -29,7 +28,12 @@ def test_cut_follows_the_compute_units(tmp_path, kernels, plugin_log):
     above = model.builder.build(0, harness.make_batch(model, [20] * (n + 1)).common)
     assert model.builder.asm_cut == CUT
     assert not at.use_asm_decode and above.use_asm_decode
-    assert any(f"eligible on {ARCH}" in m and f"above {CUT} query heads" in m for m in plugin_log)
+    if harness.IN_TREE:
+        assert any(f"asm decode above {CUT} query heads" in m for m in plugin_log)
+    else:
+        assert any(
+            f"eligible on {ARCH}" in m and f"above {CUT} query heads" in m for m in plugin_log
+        )
 
 
 def test_cache_dtype_and_vllm_finalized_scales_follow_the_arch(tmp_path, kernels):
@@ -51,11 +55,10 @@ def test_cache_dtype_and_vllm_finalized_scales_follow_the_arch(tmp_path, kernels
     torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=0)
 
 
-def test_gqa_kernels_follow_the_arch_table(tmp_path):
+def test_gqa_up_to_8_has_a_kernel(tmp_path):
     for kvh, ok in ((8, True), (5, True), (4, False)):
         model = harness.build_model(
             tmp_path / str(kvh), num_layers=1, num_heads=40, num_kv_heads=kvh
         )
         model.builder.build(0, harness.make_batch(model, [20] * 16).common)
-        impl = model.layers[model.names[0]].impl
-        assert (model.builder.binding(model.names[0]) is not None) is ok, impl.asm_rejections
+        assert (model.names[0] in harness.asm_layers(model.builder)) is ok, kvh

@@ -1,9 +1,10 @@
-"""The in-tree form: the end-to-end suite against a vLLM patched by ``upstream`` with the
-plugin not loaded; the backends built on ROCM_ATTN's classes and ``ROCM_AITER_FA`` as
-stock; the kernel tests written into vLLM, run on the CPU with AITER's contract model.
+"""The in-tree form, stage by stage: the end-to-end suite against a vLLM patched by
+``upstream --stage N`` with the plugin not loaded; the backends built on ROCM_ATTN's
+classes and ``ROCM_AITER_FA`` as stock; the kernel tests written into vLLM, run on the CPU
+with AITER's contract model.
 
-The suite's run is a check of its own (a fresh process on the patched vLLM); the tests
-marked ``in_tree_only`` are what that run adds to the suite.
+Each stage's run is a check of its own (a fresh process on its patched vLLM); the tests
+marked ``in_tree_only`` are what those runs add to the suite.
 """
 
 from __future__ import annotations
@@ -22,22 +23,23 @@ import torch
 
 import background
 import harness
+from vllm_rocm_asm_decode.tools.upstream import LAST_STAGE
 
 E2E = Path(__file__).resolve().parent
 in_tree_only = pytest.mark.skipif(
-    not harness.IN_TREE, reason="runs in the in-tree session of test_in_tree_suite"
+    not harness.IN_TREE, reason="runs in the in-tree sessions of test_in_tree_suite"
 )
-
+STAGES = list(range(1, LAST_STAGE + 1))
 
 OTHER_ARCH = {"gfx950": "gfx942", "gfx942": "gfx950"}
 
 
-def _in_tree_suite(env: dict[str, str]) -> dict[str, object]:
-    tree = Path(tempfile.mkdtemp(prefix="vllm-in-tree-"))
+def _in_tree_suite(env: dict[str, str], stage: int) -> dict[str, object]:
+    tree = Path(tempfile.mkdtemp(prefix=f"vllm-stage-{stage}-"))
     try:
         in_tree.copy_vllm(tree)
-        first = in_tree.console("upstream", str(tree), env=env)
-        second = in_tree.console("upstream", str(tree), env=env)
+        first = in_tree.console("upstream", str(tree), "--stage", str(stage), env=env)
+        second = in_tree.console("upstream", str(tree), "--stage", str(stage), env=env)
         report = tree / "report.xml"
         skip = [f"tests/e2e/{m}" for m in in_tree.PLUGIN_AND_TOOL_MODULES]
         skip += [
@@ -51,12 +53,18 @@ def _in_tree_suite(env: dict[str, str]) -> dict[str, object]:
             # The other stand-in arch: each form runs the suite on one of the two.
             "ASM_DECODE_TEST_GFX": OTHER_ARCH[env.get("ASM_DECODE_TEST_GFX", "gfx950")],
             "ASM_DECODE_TEST_FORM": "in-tree",
+            "ASM_DECODE_TEST_STAGE": str(stage),
             "ASM_DECODE_TEST_TREE": str(tree),
             "ASM_DECODE_TEST_STOCK_VLLM": str(in_tree.installed_vllm()),
             "VLLM_PLUGINS": "",  # no general plugin is loaded, this one included
         }
+        written = tree / "tests/kernels/attention/test_rocm_attn_aiter_asm_decode.py"
         cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "tests/e2e"]
         cmd += [f"--deselect={s}" for s in skip] + [f"--junitxml={report}"]
+        cmd += ["-o", "junit_family=xunit1"]  # with each case's file
+        # The test file written into vLLM, as vLLM's CI collects it (on this CPU machine
+        # the kernel tests skip with their reason, the rule's tests run).
+        cmd += [str(written), f"--rootdir={E2E.parents[1]}"]
         suite = background.run(cmd, suite_env, cwd=str(E2E.parents[1]), timeout=900)
         cases = {}
         if report.is_file():
@@ -65,36 +73,50 @@ def _in_tree_suite(env: dict[str, str]) -> dict[str, object]:
                 for child in case:
                     if child.tag in ("failure", "error", "skipped"):
                         outcome = f"{child.tag}: {child.get('message', '')}"
-                cases[f"{case.get('classname')}::{case.get('name')}"] = outcome
+                # The written file sits outside the rootdir: pytest names it by path.
+                module = case.get("classname") or Path(case.get("file", "")).stem
+                cases[f"{module}::{case.get('name')}"] = outcome
         return {"first": first, "second": second, "suite": suite, "cases": cases}
     finally:
         shutil.rmtree(tree, ignore_errors=True)
 
 
-background.declare("in-tree-suite", __file__, ["test_in_tree_suite"], _in_tree_suite, 45)
+for _stage in STAGES:
+    background.declare(
+        f"in-tree-stage-{_stage}",
+        __file__,
+        ["test_in_tree_suite"],
+        lambda env, stage=_stage: _in_tree_suite(env, stage),
+        45,
+    )
 
 
-@pytest.mark.skipif(harness.IN_TREE, reason="runs the in-tree session itself")
-def test_in_tree_suite():
-    """``upstream`` applies to a copy of the installed vLLM, a second run changes nothing,
-    and the e2e suite passes on the patched vLLM without the plugin, on the other
-    stand-in arch: same routing, same outputs. Only the plugin's own settings are
-    skipped."""
-    result = background.result("in-tree-suite")
+@pytest.mark.skipif(harness.IN_TREE, reason="runs the in-tree sessions itself")
+@pytest.mark.parametrize("stage", STAGES, ids=[f"stage-{n}" for n in STAGES])
+def test_in_tree_suite(stage):
+    """``upstream --stage N`` applies to a copy of the installed vLLM, a second run
+    changes nothing, and the e2e suite passes on the patched vLLM without the plugin, on
+    the other stand-in arch: same routing, same outputs. Only what the plugin alone has
+    (its guards, settings and tools) is skipped."""
+    result = background.result(f"in-tree-stage-{stage}")
     first, second, suite = result["first"], result["second"], result["suite"]
     assert first.returncode == 0, first.stderr
-    assert "rocm_attn.py" in first.stdout and "12 files changed" in first.stdout
-    assert second.returncode == 0 and "already carries this change" in second.stdout
+    assert "rocm_attn.py" in first.stdout
+    assert second.returncode == 0 and "already carries" in second.stdout
     tail = (suite.stdout + suite.stderr)[-3000:]
     assert suite.returncode == 0, tail
     cases = result["cases"]
     others = {name: o for name, o in cases.items() if o != "passed"}
-    assert all("not in-tree" in o for o in others.values()), others
-    # Every e2e module that tests the backend ran and passed there, this one included.
+    expected_skips = ("not in-tree", "before stage", "splits mixed steps", "AMD GPU")
+    assert all(any(r in o for r in expected_skips) for o in others.values()), others
+    # Every e2e module that tests the backend ran and passed there, this one included,
+    # and so did the rule's tests of the written test file.
     modules = {p.stem for p in E2E.glob("test_*.py")}
     modules -= {Path(m).stem for m in in_tree.PLUGIN_AND_TOOL_MODULES}
     passed = {name.split("::")[0].rsplit(".", 1)[-1] for name in cases if name not in others}
-    assert passed == modules, tail
+    assert passed == modules | {"test_rocm_attn_aiter_asm_decode"}, tail
+    written = [name for name in cases if "test_rocm_attn_aiter_asm_decode" in name]
+    assert len(written) >= 15 and sum(name not in others for name in written) == 5
 
 
 # --------------------------------------------------------------------------------------
@@ -144,6 +166,7 @@ def test_the_plugin_stays_inactive_on_a_vllm_that_carries_the_change(monkeypatch
     assert AttentionBackendEnum.ROCM_ATTN.get_class().__module__.startswith("vllm.v1.")
     inactive = [m for m in messages if "plugin inactive" in m]
     assert len(inactive) == 1 and "already carries the ROCM_ATTN asm decode" in inactive[0]
+    assert "VLLM_ROCM_USE_AITER_MHA=0 turns it off there" in inactive[0]
     assert sum("TRUST_AITER='maybe'" in m and "ignored" in m for m in messages) == 1
 
 
@@ -161,10 +184,7 @@ def test_doctors_self_test_leaves_a_vllm_that_carries_the_change_alone(monkeypat
 
 
 @in_tree_only
-@pytest.mark.parametrize(
-    "module",
-    ["rocm_aiter_fa.py", "rocm_aiter_unified_attn.py", "rocm_segmented_attn.py"],
-)
+@pytest.mark.parametrize("module", ["rocm_aiter_unified_attn.py", "rocm_segmented_attn.py"])
 def test_the_other_rocm_backends_files_are_untouched(module):
     rel = Path("v1/attention/backends") / module
     patched = Path(os.environ["ASM_DECODE_TEST_TREE"]) / "vllm" / rel
@@ -187,25 +207,32 @@ def test_backends_built_on_rocm_attns_classes_keep_their_decode(tmp_path, kernel
     model = harness.build_model(tmp_path, num_layers=1)
     builder = cls.get_builder_cls()(model.spec, model.names, model.vllm_config, torch.device("cpu"))
     assert isinstance(builder, RocmAttentionMetadataBuilder)
-    assert builder.asm_settings is None
+    assert not builder.asm_decode_enabled
     assert builder.reorder_batch_threshold == type(builder).reorder_batch_threshold
     batch = harness.make_batch(model, [20] * 64)  # 2560 query heads, above the cut
     metadata = builder.build(0, batch.common)
-    assert not metadata.use_asm_decode and metadata.asm_split is None
-    assert metadata.asm_bindings is None and not hasattr(builder, "asm_bindings")
+    assert not getattr(metadata, "use_asm_decode", False)
+    assert getattr(metadata, "asm_split", None) is None and not getattr(metadata, "asm_scales", {})
+    assert builder.asm_scales is None  # never bound
     assert cls.get_impl_cls().forward is not RocmAttentionImpl.forward
 
 
 @in_tree_only
-def test_the_two_settings_stay_out_of_the_compile_cache_key(monkeypatch):
-    import vllm.envs as envs
+def test_its_only_off_switch_is_aiters_mha_switch(tmp_path, kernels, monkeypatch):
+    """No setting of its own: ``VLLM_ROCM_USE_AITER_MHA=0`` keeps every step on HIP."""
+    from vllm._aiter_ops import rocm_aiter_ops
 
-    monkeypatch.setenv("VLLM_ROCM_ASM_DECODE", "0")
-    monkeypatch.setenv("VLLM_ROCM_ASM_DECODE_CUT", "640")
-    assert envs.VLLM_ROCM_ASM_DECODE is False and envs.VLLM_ROCM_ASM_DECODE_CUT == 640
-    factors = envs.compile_factors()
-    assert "VLLM_ROCM_ASM_DECODE" not in factors and "VLLM_ROCM_ASM_DECODE_CUT" not in factors
-    assert "VLLM_ROCM_USE_AITER_MHA" in factors
+    monkeypatch.setenv("VLLM_ROCM_USE_AITER_MHA", "0")
+    rocm_aiter_ops.refresh_env_variables()
+    try:
+        model = harness.build_model(tmp_path, num_layers=1)
+        metadata = model.builder.build(0, harness.make_batch(model, [20] * 64).common)
+        assert not model.builder.asm_decode_enabled and not metadata.use_asm_decode
+    finally:
+        monkeypatch.undo()
+        rocm_aiter_ops.refresh_env_variables()
+    model = harness.build_model(tmp_path / "on", num_layers=1)
+    assert model.builder.build(0, harness.make_batch(model, [20] * 64).common).use_asm_decode
 
 
 @in_tree_only
@@ -229,10 +256,10 @@ def test_pa_fwd_asm_wrapper_passes_aiters_default_precision_unless_asked(monkeyp
 
 
 def _kernel_test_module():
-    """The generated file in the in-tree session; its source here."""
+    """The generated file in the in-tree sessions; its source here."""
     if harness.IN_TREE:
         path = Path(os.environ["ASM_DECODE_TEST_TREE"]) / (
-            "tests/kernels/attention/test_rocm_attn_asm_decode.py"
+            "tests/kernels/attention/test_rocm_attn_aiter_asm_decode.py"
         )
         spec = importlib.util.spec_from_file_location("in_tree_kernel_test", path)
         assert spec is not None and spec.loader is not None
@@ -246,6 +273,7 @@ def _kernel_test_module():
 
 @pytest.fixture
 def kernel_tests(monkeypatch, kernels):
+    """The kernel tests' module with its tensors on the CPU (they skip here otherwise)."""
     module = _kernel_test_module()
     assert module._SKIP is not None, "a CPU machine must skip the hardware tests"
     monkeypatch.setattr(module, "DEVICE", "cpu")
@@ -259,27 +287,61 @@ def kernel_tests(monkeypatch, kernels):
 @pytest.mark.parametrize(
     ("heads", "kvh"), [(40, 8), (32, 8), (64, 8), (32, 4)], ids=["40-8", "32-8", "64-8", "32-4"]
 )
-def test_the_kernel_tests_for_vllm_pass_on_the_contract_model(kernel_tests, heads, kvh, dtype):
+def test_the_kernel_tests_for_vllm_pass_on_the_contract_model(
+    kernel_tests, tmp_path, heads, kvh, dtype
+):
     harness.reset_asm_calls()
-    kernel_tests.test_asm_decode_matches_fp32_and_the_hip_decode(heads, kvh, dtype)
+    kernel_tests.test_asm_decode_matches_fp32_and_the_hip_decode(tmp_path, heads, kvh, dtype)
     assert len(harness.asm_calls()) == 1 and harness.KERNELS.hip_decode == 1
 
 
-def test_the_kernel_tests_catch_a_stale_binding(kernel_tests):
-    kernel_tests.test_a_layer_whose_scales_changed_runs_the_hip_decode()
-    assert harness.asm_calls() == [] and harness.KERNELS.hip_decode == 2
+def test_the_cut_and_padding_tests_pass_on_the_contract_model(kernel_tests, tmp_path):
+    """(The high-block test needs an 8.6 GB cache, the graph test a GPU: GPU only.)"""
+    kernel_tests.test_the_builder_cuts_at_two_query_heads_per_compute_unit(tmp_path / "cut")
+    harness.reset_asm_calls()
+    kernel_tests.test_cuda_graph_padding_rows_are_finite_and_ignored(tmp_path / "pad")
+    assert len(harness.asm_calls()) == 2
 
 
-def test_the_kernel_tests_catch_a_layout_mistake(kernel_tests, monkeypatch):
-    """A binding that hands the kernel V pages read token-major (``[block, head]``)
-    instead of AITER's ``[head, block]`` makes the accuracy test fail."""
-    real = kernel_tests.AsmDecodeImplMixin.make_binding
+def _asm_decode_owner():
+    """Where forward finds ``asm_decode`` in this form."""
+    if harness.IN_TREE:
+        from vllm.v1.attention.backends import rocm_attn
 
-    def swapped(self, *args, **kwargs):
-        binding = real(self, *args, **kwargs)
-        pages = binding.value_pages.transpose(2, 3).reshape(binding.value_cache.shape)
-        return type(binding)(**{**vars(binding), "value_cache": pages})
+        return rocm_attn
+    from vllm_rocm_asm_decode import backend
 
-    monkeypatch.setattr(kernel_tests.AsmDecodeImplMixin, "make_binding", swapped)
+    return backend
+
+
+def test_the_kernel_tests_catch_a_layout_mistake(kernel_tests, tmp_path, monkeypatch):
+    """The kernel handed V pages read token-major (``[block, head]``) instead of
+    AITER's ``[head, block]`` makes the accuracy test fail."""
+    owner = _asm_decode_owner()
+    real = owner.asm_decode
+
+    def swapped(query, key_cache, value_cache, *rest):
+        token_major = value_cache.transpose(2, 3).contiguous().view(value_cache.shape)
+        return real(query, key_cache, token_major, *rest)
+
+    monkeypatch.setattr(owner, "asm_decode", swapped)
     with pytest.raises(AssertionError):
-        kernel_tests.test_asm_decode_matches_fp32_and_the_hip_decode(40, 8, torch.bfloat16)
+        kernel_tests.test_asm_decode_matches_fp32_and_the_hip_decode(
+            tmp_path, 40, 8, torch.bfloat16
+        )
+
+
+def test_the_kernel_tests_catch_a_scale_mistake(kernel_tests, tmp_path, monkeypatch):
+    """K and V scale tables swapped (the layer's scales are 0.5 and 2.0) make the
+    accuracy test fail."""
+    owner = _asm_decode_owner()
+    real = owner.asm_decode
+
+    def swapped(query, key_cache, value_cache, block_table, seq_lens, scales, output):
+        return real(query, key_cache, value_cache, block_table, seq_lens, scales[::-1], output)
+
+    monkeypatch.setattr(owner, "asm_decode", swapped)
+    with pytest.raises(AssertionError):
+        kernel_tests.test_asm_decode_matches_fp32_and_the_hip_decode(
+            tmp_path, 40, 8, torch.bfloat16
+        )

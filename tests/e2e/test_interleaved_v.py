@@ -7,6 +7,7 @@ the rule refuses the layer."""
 from __future__ import annotations
 
 import torch
+from vllm.v1.attention.ops.paged_attn import PagedAttention
 
 import harness
 from conftest import ARCH
@@ -29,7 +30,7 @@ def test_fp8_block16_interleaved_v_is_read_right_by_the_asm_path(tmp_path, kerne
     batch = harness.make_batch(model, [70, 16, 3, 40] * 5)  # 20 x 40 heads > cut
     harness.fill_context(model, batch)
     metadata = model.builder.build(0, batch.common)
-    assert metadata.use_asm_decode and model.builder.binding(name) is not None
+    assert metadata.use_asm_decode and name in harness.asm_layers(model.builder)
     out = harness.run_layer(model, name, batch, metadata)
     assert len(harness.asm_calls()) == 1 and kernels.hip_decode == 0
     torch.testing.assert_close(
@@ -60,7 +61,9 @@ def test_fp8_block32_interleaved_v_differs_from_the_plain_page_and_is_refused(
     layer = model.layers[name]
     batch = harness.make_batch(model, [70, 33, 40] * 8)
     harness.fill_context(model, batch)
-    _, value_cache = layer.impl._split(layer.kv_cache)
+    _, value_cache = PagedAttention.split_kv_cache(
+        layer.kv_cache.transpose(0, 1), model.num_kv_heads, model.head_size
+    )
     fp8 = layer.impl.fp8_dtype
     # Read back one request's V through the plain and the interleaved layouts.
     _, v = batch.contexts[0]
@@ -73,5 +76,5 @@ def test_fp8_block32_interleaved_v_differs_from_the_plain_page_and_is_refused(
     torch.testing.assert_close(packed[:, :seq], want, atol=0, rtol=0)
     assert not torch.equal(plain[:, :seq], want)
     metadata = model.builder.build(0, batch.common)
-    assert not metadata.use_asm_decode and model.builder.binding(name) is None
+    assert not metadata.use_asm_decode and name not in harness.asm_layers(model.builder)
     assert any("block size 32" in m for m in plugin_log)

@@ -1,13 +1,14 @@
-"""The AITER boundary: an incompatible ``pa_fwd_asm`` or an unreadable kernel table."""
+"""The plugin's guards at the AITER boundary: an incompatible ``pa_fwd_asm`` or an
+unreadable kernel table (in-tree, vLLM pins its AITER: neither is checked there)."""
 
 from __future__ import annotations
 
 import pytest
 
 import harness
+from vllm_rocm_asm_decode.kernel import load_asm_kernel, signature_problem
 
-signature_problem = harness.runtime("kernel").signature_problem
-load_asm_kernel = harness.runtime("kernel").load_asm_kernel
+pytestmark = harness.plugin_only
 
 
 def old_pa_fwd_asm(

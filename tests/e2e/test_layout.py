@@ -62,8 +62,7 @@ def test_lbhnc_pages_are_not_dense_and_the_kernel_would_read_wrong_bytes(tmp_pat
     hide the problem. The kernel steps by a dense page and reads the neighbour's bytes."""
     from vllm.v1.attention.ops.chunked_prefill_paged_decode import has_native_kv_cache_layout
 
-    current_arch = harness.runtime("kernel").current_arch
-    load_asm_kernel = harness.runtime("kernel").load_asm_kernel
+    from vllm_rocm_asm_decode.kernel import current_arch, load_asm_kernel
     from vllm_rocm_asm_decode.tools.contract_model import PagedAttentionAsmModel
 
     model = harness.build_model(tmp_path, num_layers=1, layout="LBHNC", num_blocks=64)

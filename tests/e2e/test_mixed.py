@@ -1,6 +1,7 @@
 """Mixed prefill+decode steps: the leading decode requests on asm, the prefill requests on
 vLLM's prefill kernel, decided on host data in the builder, never inside a CUDA graph
-that could freeze the split."""
+that could freeze the split. The plugin splits them, and the in-tree form from stage 2;
+in stage 1 they stay whole on the stock path."""
 
 from __future__ import annotations
 
@@ -18,7 +19,6 @@ import harness
 from conftest import ARCH
 from op_audit import OpRecorder
 from rocm_emulation import COMPUTE_UNITS
-from vllm_rocm_asm_decode.decision import prefill_view_start
 
 CUT = 2 * COMPUTE_UNITS[ARCH]
 HEADS = 40
@@ -47,6 +47,7 @@ def check(model, batch, out, layer):
     torch.testing.assert_close(out.float(), ref, atol=ATOL, rtol=0)
 
 
+@harness.splits_mixed
 def test_decodes_run_asm_and_prefills_the_prefill_kernel_each_row_once(tmp_path, kernels):
     model = harness.build_model(tmp_path, num_layers=2)
     batch = mixed_batch(model, ABOVE)
@@ -83,6 +84,7 @@ def test_decodes_run_asm_and_prefills_the_prefill_kernel_each_row_once(tmp_path,
     assert not decode_rows & set(prefill_rows)
 
 
+@harness.splits_mixed
 def test_a_layer_called_without_key_and_value_reads_the_new_tokens_from_the_cache(
     tmp_path, kernels
 ):
@@ -101,6 +103,7 @@ def test_a_layer_called_without_key_and_value_reads_the_new_tokens_from_the_cach
     assert len(harness.asm_calls()) == 1 and kernels.prefill == 1
 
 
+@harness.splits_mixed
 def test_decodes_not_on_a_four_request_boundary_are_computed_once(tmp_path, kernels):
     """The prefill views start at the last multiple of 4 at or before the first prefill;
     the decode requests in between are skipped by the prefill kernel and run on asm."""
@@ -119,7 +122,7 @@ def test_a_small_decode_part_stays_stock(tmp_path, kernels):
     model = harness.build_model(tmp_path, num_layers=1)
     batch = mixed_batch(model, ABOVE - 1)  # (ABOVE - 1) x 40 <= cut
     metadata = model.builder.build(0, batch.common)
-    assert metadata.asm_split is None and not metadata.use_asm_decode
+    assert getattr(metadata, "asm_split", None) is None and not metadata.use_asm_decode
     name = model.names[0]
     check(model, batch, harness.run_layer(model, name, batch, metadata), model.layers[name])
     assert harness.asm_calls() == [] and kernels.hip_decode == 1 and kernels.prefill == 1
@@ -132,18 +135,33 @@ def test_decodes_that_do_not_lead_stay_stock_and_correct(tmp_path, kernels):
     batch = harness.make_batch(model, seq_lens, query_lens)
     harness.fill_context(model, batch)
     metadata = model.builder.build(0, batch.common)
-    assert metadata.asm_split is None
+    assert getattr(metadata, "asm_split", None) is None
     name = model.names[0]
     check(model, batch, harness.run_layer(model, name, batch, metadata), model.layers[name])
     assert harness.asm_calls() == [] and kernels.hip_decode == 1
 
 
-def test_decodes_lead_in_vllms_v1_runner():
-    """The V1 runner reorders a batch only when the builder sets a threshold."""
-    AsmDecodeBuilderMixin = harness.runtime("asm_path").AsmDecodeBuilderMixin  # noqa: N806
-    assert (
-        "_init_reorder_batch_threshold" in AsmDecodeBuilderMixin.init_asm_decode.__code__.co_names
-    )
+def test_decodes_lead_in_vllms_v1_runner_where_a_split_can_happen(tmp_path):
+    """The V1 runner reorders a batch only when a builder sets a threshold (the lowest of
+    all builders wins): only where mixed steps can split, and never before stage 2."""
+    from vllm.v1.attention.backends.rocm_attn import RocmAttentionMetadataBuilder
+
+    stock = RocmAttentionMetadataBuilder.reorder_batch_threshold
+    fp8 = harness.build_model(tmp_path / "fp8", num_layers=1)
+    assert fp8.builder.reorder_batch_threshold == (1 if harness.SPLITS_MIXED else stock)
+    bf16 = harness.build_model(tmp_path / "bf16", num_layers=1, cache_dtype="auto")
+    assert bf16.builder.reorder_batch_threshold == stock
+
+
+@pytest.mark.skipif(harness.SPLITS_MIXED, reason="this form splits mixed steps")
+def test_before_stage_2_mixed_steps_stay_whole_on_the_stock_path(tmp_path, kernels):
+    model = harness.build_model(tmp_path, num_layers=1)
+    batch = mixed_batch(model, ABOVE + 8)
+    metadata = model.builder.build(0, batch.common)
+    assert not metadata.use_asm_decode and not hasattr(metadata, "asm_split")
+    name = model.names[0]
+    check(model, batch, harness.run_layer(model, name, batch, metadata), model.layers[name])
+    assert harness.asm_calls() == [] and kernels.hip_decode == 1 and kernels.prefill == 1
 
 
 def builder_under(model, mode):
@@ -155,6 +173,7 @@ def builder_under(model, mode):
     )
 
 
+@harness.splits_mixed
 def test_full_mixed_graph_mode_keeps_mixed_steps_stock_but_not_pure_decodes(tmp_path, kernels):
     model = harness.build_model(tmp_path, num_layers=1)
     for mode, splits in (
@@ -171,6 +190,7 @@ def test_full_mixed_graph_mode_keeps_mixed_steps_stock_but_not_pure_decodes(tmp_
         assert pure.use_asm_decode, mode
 
 
+@harness.splits_mixed
 def test_capture_builds_never_split(tmp_path, kernels):
     model = harness.build_model(tmp_path, num_layers=1)
     builder = model.builder
@@ -180,16 +200,18 @@ def test_capture_builds_never_split(tmp_path, kernels):
     assert builder.build(0, mixed_batch(model, ABOVE, seed=2).common).asm_split is not None
 
 
+@harness.splits_mixed
 def test_speculative_decoding_keeps_mixed_steps_stock(tmp_path, kernels):
     model = harness.build_model(tmp_path, num_layers=1)
     model.vllm_config.speculative_config = object()  # any speculative config
     builder = model.backend.get_builder_cls()(
         model.spec, model.names, model.vllm_config, torch.device("cpu")
     )
-    assert not builder.asm_split_allowed
+    assert harness.rule("asm_split_off")(model.vllm_config) == "speculative decoding is on"
     assert builder.build(0, mixed_batch(model, ABOVE).common).asm_split is None
 
 
+@harness.splits_mixed
 def test_ineligible_layers_and_failed_call_checks_take_stock_forward_whole(
     tmp_path, kernels, monkeypatch
 ):
@@ -202,13 +224,19 @@ def test_ineligible_layers_and_failed_call_checks_take_stock_forward_whole(
     out = torch.empty_like(batch.query)
     args = (layer, batch.query, batch.key, batch.value, layer.kv_cache, metadata, out)
     layer.impl.forward(*args, output_scale=torch.ones(1))  # fused output quant
-    layer.impl.forward(layer, batch.query.to(torch.float8_e4m3fn), *args[2:])  # fp8 query
-    assert len(stock) == 2 and harness.asm_calls() == [] and kernels.prefill == 0
-    metadata.asm_bindings.layers.clear()  # as for a layer the rule refused
+    assert len(stock) == 1 and harness.asm_calls() == [] and kernels.prefill == 0
+    if not harness.IN_TREE:  # the plugin checks the call's tensors too
+        layer.impl.forward(layer, batch.query.to(torch.float8_e4m3fn), *args[2:])
+        assert len(stock) == 2 and harness.asm_calls() == []
+    if harness.IN_TREE:  # as for a layer the rule refused
+        metadata.asm_scales.clear()
+    else:
+        metadata.asm_bindings.layers.clear()
     layer.impl.forward(*args)
-    assert len(stock) == 3 and harness.asm_calls() == []
+    assert harness.asm_calls() == [] and not any(c.get("prefill_only") for c in stock)
 
 
+@harness.splits_mixed
 def test_mixed_forward_reads_nothing_on_the_host_and_allocates_nothing(tmp_path, monkeypatch):
     from vllm.v1.attention.ops import chunked_prefill_paged_decode as cppd
 
@@ -234,7 +262,7 @@ def test_mixed_forward_reads_nothing_on_the_host_and_allocates_nothing(tmp_path,
     assert build_ops.allocations == [], build_ops.ops
     split = metadata.asm_split
     assert split.decode_seq_lens.data_ptr() == metadata.seq_lens.data_ptr()  # views
-    start = prefill_view_start(ABOVE)
+    start = ABOVE - ABOVE % 4
     assert split.prefill_query_start_loc.data_ptr() == metadata.query_start_loc[start:].data_ptr()
     # The prefill kernel's pointers keep the 16-byte alignment of stock's base tensors, so
     # Triton runs the variant stock compiled.
@@ -325,6 +353,7 @@ def test_vllms_real_prefill_kernel_on_the_split_views_matches_the_stock_call():
     assert result["decode_err"] < ATOL
 
 
+@harness.plugin_only
 def test_the_startup_line_says_whether_mixed_steps_split(tmp_path, kernels, plugin_log):
     model = harness.build_model(tmp_path, num_layers=1)
     model.builder.build(0, mixed_batch(model, 2).common)

@@ -468,8 +468,8 @@ FAMILIES = {
             "sliding_window": 4096,
         },
         [
-            "logits soft cap (not supported by the asm kernel)",
-            "sliding window (not supported by the asm kernel)",
+            "logits soft cap",
+            "sliding window",
             "softmax scale 0.0833333 != 1/sqrt(128)",
         ],
     ),
@@ -495,7 +495,7 @@ FAMILIES = {
             "n_head": 32,
             "n_layer": 4,
         },
-        ["ALiBi (not supported by the asm kernel)"],
+        ["ALiBi"],
     ),
     "gpt-oss-20b": (
         {
@@ -511,9 +511,10 @@ FAMILIES = {
             "num_experts_per_tok": 2,
         },
         [
-            "attention sinks (not supported by the asm kernel)",
-            "head size 64 (the asm kernel takes 128 only)",
-            "sliding window (not supported by the asm kernel)",
+            "attention sinks",
+            "head size 64",
+            "sliding window",
+            "softmax scale 0.125 != 1/sqrt(128)",
         ],
     ),
 }

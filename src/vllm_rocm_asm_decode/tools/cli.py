@@ -132,6 +132,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="a vLLM 0.33.x git checkout, or a copy of an installed vLLM's Python files",
     )
     up.add_argument(
+        "--stage",
+        type=_stage,
+        default=1,
+        metavar="N",
+        help="write stages 1..N of the change (1: the asm decode in rocm_attn.py, the "
+        "first pull request; 2: mixed prefill+decode steps); default 1",
+    )
+    up.add_argument(
         "--check",
         action="store_true",
         help="apply to a temporary copy of the files it touches and print the diff stat; "
@@ -162,6 +170,15 @@ def _module_doc(module: str) -> str:
         return ""
     with open(spec.origin, encoding="utf-8") as f:
         return (ast.get_docstring(ast.parse(f.read())) or "").strip()
+
+
+def _stage(text: str) -> int:
+    from .upstream.stages import STAGES
+
+    value = choices.positive_int(text)
+    if value not in STAGES:
+        raise argparse.ArgumentTypeError(f"{value}: choose 1 to {max(STAGES)}")
+    return value
 
 
 def _documented_parser(sub, name: str, help: str, module: str) -> argparse.ArgumentParser:
@@ -558,7 +575,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "upstream":
         from .upstream import main as upstream
 
-        return upstream(args.directory, args.check)
+        return upstream(args.directory, args.check, args.stage)
     if args.command == "bench" and args.bench == "serve":
         return _bench_serve(args)
     if args.command == "bench" and args.bench == "kernel":

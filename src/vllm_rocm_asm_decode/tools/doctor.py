@@ -351,14 +351,15 @@ def self_test(
     block_id_pool: int | None = None,
 ) -> None:
     """Run the GPU probes through the backend and fold them into ``report``."""
-    from ..plugin import IN_TREE_PACKAGE, vllm_carries_asm_decode
+    from ..plugin import IN_TREE_MODULE, vllm_carries_asm_decode
     from .validation.gpu import rocm_gpu_problem
 
     problem = rocm_gpu_problem()
     if problem is None and vllm_carries_asm_decode():
         problem = (
-            f"the installed vLLM carries the asm decode itself ({IN_TREE_PACKAGE}); "
-            "its tests/kernels/attention/test_rocm_attn_asm_decode.py tests the kernel"
+            f"the installed vLLM carries the asm decode itself ({IN_TREE_MODULE}); "
+            "its tests/kernels/attention/test_rocm_attn_aiter_asm_decode.py tests the "
+            "kernel"
         )
     if problem is not None:
         report.self_test = f"not run: {problem}"

@@ -1,21 +1,31 @@
 """``plan``: what the backend will do for a model on a GPU, computed by the backend's own rule.
 
 The model's attention facts come from vLLM's ``ModelConfig`` (offline, from a directory
-holding a Hugging Face ``config.json``); the answers from :mod:`.eligibility`,
-:mod:`.decision` and :mod:`.kernel_table`, exactly as the builder asks them at run time.
+holding a Hugging Face ``config.json``), as the real ``RocmAttentionImpl`` vLLM would
+build for each layer over a KV cache laid out as vLLM binds it (on the meta device: no
+memory); the answers from :mod:`..core` and the plugin's guards (:mod:`..eligibility`),
+exactly as the builder asks them at run time.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from .. import settings
 from ..aiter_version import FIRST_FIXED, AiterBuild, describe, installed_version, safe_blocks
-from ..decision import default_cut, describe_cut, resolve_cut, step_uses_asm
-from ..eligibility import VALIDATED_CONTEXT, LayerFacts, rejection_reasons
+from ..core import use_asm_decode
+from ..eligibility import (
+    VALIDATED_CONTEXT,
+    default_cut,
+    describe_cut,
+    kv_page_bytes,
+    rejection_reasons,
+    resolve_cut,
+)
 from ..kernel_table import KernelTable, fallback_table
 from .choices import (
     DEFAULT_GPU,
@@ -159,8 +169,32 @@ def _per_rank_heads(model_config, tp: int) -> tuple[int, int]:
     )
 
 
-def layer_facts(model_config, *, tp: int, kv_cache_dtype: str, block_size: int) -> list[LayerFacts]:
-    """One :class:`LayerFacts` per attention layer, from vLLM's reading of the config."""
+@dataclass
+class PlanLayer:
+    """One attention layer as the backend sees it: vLLM's impl and the layer's KV cache
+    view (meta tensors: shapes and strides, no memory)."""
+
+    impl: Any
+    kv_cache: Any
+
+    @property
+    def num_blocks(self) -> int:
+        return int(self.kv_cache.shape[0])
+
+    @property
+    def page_bytes(self) -> int:
+        """Bytes of one block of the layer's K and V."""
+        return 2 * kv_page_bytes(self.impl, self.kv_cache)
+
+
+def plan_layers(
+    model_config, *, tp: int, kv_cache_dtype: str, block_size: int, num_blocks: int = 1
+) -> list[PlanLayer]:
+    """One :class:`PlanLayer` per attention layer, from vLLM's reading of the config."""
+    import torch
+    from vllm.v1.attention.backend import AttentionType
+    from vllm.v1.attention.backends.rocm_attn import RocmAttentionImpl
+
     hf = model_config.hf_text_config
     if model_config.use_mla:
         raise PlanError(
@@ -189,46 +223,46 @@ def layer_facts(model_config, *, tp: int, kv_cache_dtype: str, block_size: int) 
         scale = float(hf.attention_multiplier)
     else:
         scale = head_size**-0.5
-    soft_cap = float(getattr(hf, "attn_logit_softcapping", None) or 0.0)
+    soft_cap = float(getattr(hf, "attn_logit_softcapping", None) or 0.0) or None
     alibi = bool(getattr(hf, "alibi", False)) or hf.model_type in ("bloom", "mpt")
-    sinks = hf.model_type == "gpt_oss"
-    facts = []
+    sinks = torch.zeros(num_heads) if hf.model_type == "gpt_oss" else None
+    attn_type = (
+        AttentionType.ENCODER_DECODER if model_config.is_encoder_decoder else AttentionType.DECODER
+    )
+    # ROCM_ATTN's cache as vLLM binds it under its preferred LHBNC layout (dense pages).
+    element = torch.uint8 if kv_cache_dtype.startswith("fp8") else model_config.dtype
+    groups = torch.empty(
+        2, num_blocks, block_size, num_kv_heads * head_size, dtype=element, device="meta"
+    )
+    kv_cache = groups.transpose(0, 1)
+    layers = []
     for i in range(num_layers):
         if window is None:
-            sliding = False
+            sliding = None
         elif layer_types:
-            sliding = i < len(layer_types) and layer_types[i] == "sliding_attention"
-        else:
-            sliding = True
-        facts.append(
-            LayerFacts(
-                kv_cache_dtype=kv_cache_dtype,
-                block_size=block_size,
-                head_size=head_size,
-                num_heads=num_heads,
-                num_kv_heads=num_kv_heads,
-                query_dtype=model_config.dtype,
-                scale=scale,
-                sliding_window=sliding,
-                alibi=alibi,
-                logits_soft_cap=soft_cap,
-                sinks=sinks,
-                decoder_self_attention=not model_config.is_encoder_decoder,
-                # ROCM_ATTN's preferred layout (LHBNC) keeps K and V pages dense.
-                native_kv_layout=True,
-                max_model_len=model_config.max_model_len,
-                # One dense K page of the layer (the block stride the launcher passes).
-                kv_page_bytes=num_kv_heads
-                * head_size
-                * block_size
-                * kv_element_size(kv_cache_dtype),
+            sliding = (
+                window if i < len(layer_types) and layer_types[i] == "sliding_attention" else None
             )
+        else:
+            sliding = window
+        impl = RocmAttentionImpl(
+            num_heads,
+            head_size,
+            scale,
+            num_kv_heads,
+            [1.0] * num_heads if alibi else None,
+            sliding,
+            kv_cache_dtype,
+            logits_soft_cap=soft_cap,
+            attn_type=attn_type,
+            sinks=sinks,
         )
-    return facts
+        layers.append(PlanLayer(impl, kv_cache))
+    return layers
 
 
 def table_count(
-    facts: list[LayerFacts], eligible: list[bool], scales: list[tuple[float, float]]
+    layers: list[PlanLayer], eligible: list[bool], scales: list[tuple[float, float]]
 ) -> tuple[int, int]:
     """Distinct tables the backend's shared store holds for the eligible layers (one per
     distinct K or V scale), and their bytes per KV cache block: the backend's own
@@ -236,22 +270,20 @@ def table_count(
     from ..scale_tables import fit_tables, table_key
 
     requests = [
-        tuple(table_key("plan", 1, f.num_kv_heads, f.block_size, scale) for scale in pair)
-        for f, ok, pair in zip(facts, eligible, scales, strict=True)
+        tuple(
+            table_key("plan", 1, layer.impl.num_kv_heads, layer.kv_cache.shape[2], scale)
+            for scale in pair
+        )
+        for layer, ok, pair in zip(layers, eligible, scales, strict=True)
         if ok
     ]
     budget = fit_tables(requests, None)
     return budget.tables, budget.bytes
 
 
-def kv_element_size(kv_cache_dtype: str) -> int:
-    return 1 if kv_cache_dtype.startswith("fp8") else 2
-
-
-def kv_cache_bytes_per_block(facts: list[LayerFacts]) -> int:
+def kv_cache_bytes_per_block(layers: list[PlanLayer]) -> int:
     """Bytes of one block of every layer's K and V."""
-    elem = kv_element_size(facts[0].kv_cache_dtype)
-    return sum(2 * f.num_kv_heads * f.head_size * f.block_size * elem for f in facts)
+    return sum(layer.page_bytes for layer in layers)
 
 
 def checkpoint_scales(model_dir: Path, label: str, model_config, num_layers: int):
@@ -341,16 +373,22 @@ def make_plan(
     model_dir, label = resolve_model_dir(model)
     the_gpu = resolve_gpu(gpu)
     model_config = _model_config(model_dir, dtype, max_model_len)
-    facts = layer_facts(
-        model_config, tp=tensor_parallel_size, kv_cache_dtype=kv_cache_dtype, block_size=block_size
+    layers = plan_layers(
+        model_config,
+        tp=tensor_parallel_size,
+        kv_cache_dtype=kv_cache_dtype,
+        block_size=block_size,
+        num_blocks=num_gpu_blocks or 1,
     )
-    if num_gpu_blocks is not None:
-        facts = [replace(f, num_blocks=num_gpu_blocks) for f in facts]
     version = installed_version() if aiter_version == "installed" else aiter_version
     aiter = AiterBuild(version, trusted=settings.trust_aiter())
-    scales, scales_source = checkpoint_scales(model_dir, label, model_config, len(facts))
+    scales, scales_source = checkpoint_scales(model_dir, label, model_config, len(layers))
     table = kernel_table_for(the_gpu.arch)
-    per_layer = [rejection_reasons(f, table, aiter) for f in facts]
+    # Without --num-gpu-blocks the cache has one block: the block-id clause waits for it.
+    per_layer = [
+        rejection_reasons(layer.impl, layer.kv_cache, model_config, table, aiter)
+        for layer in layers
+    ]
     if off := switched_off():  # as vLLM would read the environment plan runs in
         per_layer = [[*r, off] for r in per_layer]
     eligible = [not r for r in per_layer]
@@ -358,17 +396,16 @@ def make_plan(
     for i, reasons in enumerate(per_layer):
         groups.setdefault(tuple(reasons), []).append(i)
     cut = resolve_cut(the_gpu.compute_units, settings.cut_override())
-    heads = facts[0].num_heads
+    first = layers[0]
+    heads = first.impl.num_heads
     any_eligible = any(eligible)
+
+    def kernel(num_seqs: int) -> str:
+        step = SimpleNamespace(max_query_len=1, num_reqs=num_seqs, num_actual_tokens=num_seqs)
+        return "asm" if any_eligible and use_asm_decode(step, heads, cut) else "hip"  # type: ignore[arg-type]
+
     batches = [
-        {
-            "num_seqs": n,
-            "query_heads": n * heads,
-            "kernel": "asm"
-            if any_eligible
-            and step_uses_asm(max_query_len=1, num_tokens=n, num_reqs=n, num_heads=heads, cut=cut)
-            else "hip",
-        }
+        {"num_seqs": n, "query_heads": n * heads, "kernel": kernel(n)}
         for n in default_capture_sizes()
     ]
     notes = []
@@ -379,7 +416,7 @@ def make_plan(
         )
     if cut != default_cut(the_gpu.compute_units):
         notes.append(f"cut {describe_cut(the_gpu.compute_units, settings.cut_source())}")
-    tables, table_bytes_per_block = table_count(facts, eligible, scales)
+    tables, table_bytes_per_block = table_count(layers, eligible, scales)
     return Plan(
         model=label,
         gpu=the_gpu.name,
@@ -391,10 +428,10 @@ def make_plan(
         dtype=str(model_config.dtype).removeprefix("torch."),
         cut_query_heads=cut,
         cut_source=describe_cut(the_gpu.compute_units, settings.cut_source()),
-        num_layers=len(facts),
+        num_layers=len(layers),
         num_heads_per_rank=heads,
-        num_kv_heads_per_rank=facts[0].num_kv_heads,
-        head_size=facts[0].head_size,
+        num_kv_heads_per_rank=first.impl.num_kv_heads,
+        head_size=first.impl.head_size,
         max_model_len=model_config.max_model_len,
         kernel_table=table.source,
         eligible=any_eligible,
@@ -406,12 +443,14 @@ def make_plan(
         ],
         batches=batches,
         scale_tables=tables,
-        scale_table_fraction=table_bytes_per_block / kv_cache_bytes_per_block(facts),
+        scale_table_fraction=table_bytes_per_block / kv_cache_bytes_per_block(layers),
         kv_scales=scales_source,
         aiter_version=version,
         block_id_fix=aiter.block_id_fix,
         num_gpu_blocks=num_gpu_blocks,
-        block_id_clause=block_id_sentence(aiter, num_gpu_blocks, facts[0].kv_page_bytes),
+        block_id_clause=block_id_sentence(
+            aiter, num_gpu_blocks, kv_page_bytes(first.impl, first.kv_cache)
+        ),
         mixed_asm_from_decodes=cut // heads + 1 if any_eligible else None,
         scale_table_bytes=None
         if num_gpu_blocks is None

@@ -321,7 +321,8 @@ def main(directory: str, dry_run: bool, stage: int = DEFAULT_STAGE) -> int:
         print(f"vllm-rocm-asm-decode upstream: error: {exc}", file=sys.stderr)
         return 2
     if not changes:
-        print(f"{root}: already carries this change; nothing to do")
+        which = "stage 1" if stage == 1 else f"stages 1-{stage}"
+        print(f"{root}: already carries {which} of this change; nothing to do")
         return 0
     if dry_run:
         print(f"{root}: would change (nothing written):")

@@ -146,9 +146,7 @@ class Source:
 
     def statement(self, scope: ast.AST, text: str, where: str) -> ast.stmt:
         """The statement directly in ``scope``'s body whose source is ``text``."""
-        found = next(
-            (n for n in getattr(scope, "body", []) if self.segment(n) == text), None
-        )
+        found = next((n for n in getattr(scope, "body", []) if self.segment(n) == text), None)
         if found is None:
             raise self.moved(f"{where}: no `{text.splitlines()[0]}`")
         return found
@@ -187,14 +185,17 @@ class Source:
         lines[first - 1 : last] = block.split("\n")
         self.text = "\n".join(lines)
 
-    def add_item_after(self, node: ast.arg | ast.keyword | ast.expr, item: str) -> None:
-        """Add ``item`` after an argument or keyword of a one-per-line list, at its
-        indentation (the list's trailing comma then follows the new item)."""
+    def add_item_after(
+        self, node: ast.arg | ast.keyword | ast.expr, item: str, indent: int | None = None
+    ) -> None:
+        """Add ``item`` after an argument, a default or a keyword of a one-per-line
+        list, at its indentation or ``indent`` (the list's trailing comma then follows
+        the new item)."""
         lines = self.lines
         end = node.end_lineno or node.lineno
         raw = lines[end - 1].encode()
         col = node.end_col_offset or 0
-        added = f",\n{' ' * node.col_offset}{item}".encode()
+        added = f",\n{' ' * (node.col_offset if indent is None else indent)}{item}".encode()
         lines[end - 1] = (raw[:col] + added + raw[col:]).decode()
         self.text = "\n".join(lines)
 
@@ -211,9 +212,7 @@ class Source:
                     return True
         return False
 
-    def ensure_import(
-        self, module: str, name: str | None = None, alias: str | None = None
-    ) -> None:
+    def ensure_import(self, module: str, name: str | None = None, alias: str | None = None) -> None:
         """``import module [as alias]`` (``name`` None) or ``from module import name``,
         added where ruff's isort puts it: into the ``from module`` import there is, else
         a new statement in its section (straight imports first, then by module)."""
@@ -246,11 +245,7 @@ class Source:
         if not peers:
             raise self.moved(f"no top-level imports of {module}'s section")
         following = next(
-            (
-                n
-                for n in peers
-                if (isinstance(n, ast.ImportFrom), import_module(n).lower()) > key
-            ),
+            (n for n in peers if (isinstance(n, ast.ImportFrom), import_module(n).lower()) > key),
             None,
         )
         if following is not None:

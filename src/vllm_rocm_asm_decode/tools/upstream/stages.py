@@ -101,8 +101,7 @@ def _logger(src: Source) -> ast.stmt:
         (
             n
             for n in src.tree().body
-            if isinstance(n, ast.Assign)
-            and [ast.unparse(t) for t in n.targets] == ["logger"]
+            if isinstance(n, ast.Assign) and [ast.unparse(t) for t in n.targets] == ["logger"]
         ),
         None,
     )
@@ -146,7 +145,7 @@ _BUILDER_BIND = """\
                 layer.impl, layer.kv_cache, self.vllm_config.model_config, _GCN_ARCH
             )
             if reasons:
-                logger.debug_once("ROCM_ATTN asm decode off: %s", ", ".join(reasons))
+                logger.debug_once("ROCM_ATTN: HIP decode for %s", ", ".join(reasons))
                 continue
             shape = (layer.kv_cache.shape[0], layer.impl.num_kv_heads, ASM_BLOCK_SIZE)
             self.asm_scales[layer] = (
@@ -207,7 +206,10 @@ def stage1_rocm_attn(src: Source) -> None:
     build = src.find_def(builder, "build")
     call = _metadata_call(src, build, where)
     keywords = {k.arg: k for k in call.keywords}
-    for item, after in (("use_asm_decode=use_asm", "causal"), ("asm_scales=self.asm_scales or {}", "use_asm_decode")):
+    for item, after in (
+        ("use_asm_decode=use_asm", "causal"),
+        ("asm_scales=self.asm_scales or {}", "use_asm_decode"),
+    ):
         if f"{item}," not in src.segment(call):
             if after not in keywords:
                 raise src.moved(f"{where}: RocmAttentionMetadata(...) has no {after}=")
@@ -238,7 +240,9 @@ def _metadata_assignment(src: Source, build: ast.FunctionDef) -> str:
         None,
     )
     if node is None:
-        raise src.moved("RocmAttentionMetadataBuilder.build: no `attn_metadata = RocmAttentionMetadata(...)`")
+        raise src.moved(
+            "RocmAttentionMetadataBuilder.build: no `attn_metadata = RocmAttentionMetadata(...)`"
+        )
     return src.segment(node)
 
 
@@ -285,22 +289,18 @@ def stage1_aiter_ops(src: Source) -> None:
 _SPLIT_FIELD = "    asm_split: AsmDecodeSplit | None = None"
 
 _SPLIT_INIT = """\
-        self.asm_split_off = asm_split_off(vllm_config)
         if (
             self.asm_decode_enabled
-            and self.asm_split_off is None
+            and asm_split_off(vllm_config) is None
             and asm_split_reorders(kv_cache_spec, vllm_config.cache_config.cache_dtype)
         ):
             # Decodes first, so that a mixed step splits at one boundary.
             self._init_reorder_batch_threshold(1)"""
 
-_SPLIT_BIND = """\
-        # Model Runner V2 resolves the CUDA graph mode after it makes the builders.
-        self.asm_split_off = asm_split_off(self.vllm_config)"""
-
 _SPLIT_BUILD = """\
         asm_split = None
-        if self.asm_scales and self.asm_split_off is None:
+        # Read again here: Model Runner V2 resolves the graph mode after the builders.
+        if self.asm_scales and max_query_len > 1 and not asm_split_off(self.vllm_config):
             asm_split = split_asm_decode(
                 common_attn_metadata, self.num_heads_q, self.asm_cut
             )
@@ -347,15 +347,9 @@ def stage2_rocm_attn(src: Source) -> None:
 
     builder = "RocmAttentionMetadataBuilder"
     init = src.find_def(builder, "__init__")
-    if not src.carries(_SPLIT_INIT, "asm_split_off", init, f"{builder}.__init__"):
+    if not src.carries(_SPLIT_INIT, "asm_split_reorders", init, f"{builder}.__init__"):
         last = init.body[-1]
         src.insert_after_line(last.end_lineno or last.lineno, _SPLIT_INIT)
-
-    bind = src.find_def(builder, "_bind_asm_decode")
-    where = f"{builder}._bind_asm_decode"
-    if not src.carries(_SPLIT_BIND, "asm_split_off", bind, where):
-        anchor = src.statement(bind, "self.asm_scales = {}", where)
-        src.insert_after_line(anchor.lineno - 1, _SPLIT_BIND)
 
     build = src.find_def(builder, "build")
     where = f"{builder}.build"
@@ -372,7 +366,9 @@ def stage2_rocm_attn(src: Source) -> None:
     capture = src.find_def(builder, "build_for_cudagraph_capture")
     where = f"{builder}.build_for_cudagraph_capture"
     if not src.carries(_SPLIT_CAPTURE, "asm_split", capture, where):
-        anchor = src.statement(capture, "attn_metadata = self.build(0, common_attn_metadata)", where)
+        anchor = src.statement(
+            capture, "attn_metadata = self.build(0, common_attn_metadata)", where
+        )
         src.insert_after_line(anchor.end_lineno or anchor.lineno, _SPLIT_CAPTURE)
 
     forward = src.find_def("RocmAttentionImpl", "forward")
@@ -406,7 +402,7 @@ def stage2_paged_decode(src: Source) -> None:
         if causal is None or fn.args.args[-1] is not causal:
             raise src.moved(f"{where}: causal is not its last argument")
         default = fn.args.defaults[-1]
-        src.add_item_after(default, "prefill_only: bool = False")
+        src.add_item_after(default, "prefill_only: bool = False", causal.col_offset)
     fn = src.find_def("chunked_prefill_paged_decode")
     if not src.carries(_PREFILL_ONLY, "if prefill_only", fn, where):
         prefill = next(
@@ -419,7 +415,9 @@ def stage2_paged_decode(src: Source) -> None:
         )
         if prefill is None:
             raise src.moved(f"{where}: no `if max_query_len > 1:` prefill block")
-        src.insert_after_line(prefill.end_lineno or prefill.lineno, "\n" + _PREFILL_ONLY.rstrip("\n"))
+        src.insert_after_line(
+            prefill.end_lineno or prefill.lineno, "\n" + _PREFILL_ONLY.rstrip("\n")
+        )
 
 
 #: Each stage's edits, by file.

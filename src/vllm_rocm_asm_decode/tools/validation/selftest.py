@@ -46,7 +46,7 @@ def sequences_above_cut(heads: int) -> int:
     """Sequences just above the cut for ``heads`` query heads per sequence."""
     from vllm.utils.platform_utils import num_compute_units
 
-    from ...decision import resolve_cut
+    from ...eligibility import resolve_cut
 
     return resolve_cut(num_compute_units(), settings.cut_override()) // heads + 1
 

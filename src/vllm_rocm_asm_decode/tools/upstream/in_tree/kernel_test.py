@@ -7,6 +7,7 @@ import json
 import math
 from dataclasses import replace
 from importlib.util import find_spec
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -66,7 +67,7 @@ def make_config(tmp_path, num_heads: int, num_kv_heads: int, dtype) -> VllmConfi
     """A Llama-shaped model (config only, no weights) with an fp8 cache of 16-token
     blocks."""
     model_dir = tmp_path / "model"
-    model_dir.mkdir(exist_ok=True)
+    model_dir.mkdir(parents=True, exist_ok=True)
     config = {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
@@ -325,10 +326,15 @@ def rule_case(num_heads=40, num_kv_heads=8, head_size=128, block_size=16, cache=
     return impl, groups.transpose(0, 1)
 
 
+def model(dtype=torch.bfloat16, max_model_len=40960):
+    """What the rule reads of the model config."""
+    return SimpleNamespace(dtype=dtype, max_model_len=max_model_len)
+
+
 def test_the_rule_takes_llama_and_qwen3_layers():
     impl, kv_cache = rule_case()
-    assert asm_decode_rejections(impl, kv_cache, torch.bfloat16, 40960, "gfx950") == []
-    assert asm_decode_rejections(impl, kv_cache, torch.float16, 8192, "gfx942") == []
+    assert asm_decode_rejections(impl, kv_cache, model(), "gfx950") == []
+    assert asm_decode_rejections(impl, kv_cache, model(torch.float16), "gfx942") == []
 
 
 @pytest.mark.parametrize(
@@ -343,5 +349,5 @@ def test_the_rule_takes_llama_and_qwen3_layers():
 )
 def test_the_rule_refuses_what_the_kernel_cannot_serve(case, reason):
     impl, kv_cache = rule_case(**case)
-    reasons = asm_decode_rejections(impl, kv_cache, torch.bfloat16, 40960, "gfx950")
+    reasons = asm_decode_rejections(impl, kv_cache, model(), "gfx950")
     assert len(reasons) == 1 and reason in reasons[0]
