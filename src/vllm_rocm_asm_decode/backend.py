@@ -345,9 +345,9 @@ class RocmAsmDecodeMetadataBuilder(RocmAttentionMetadataBuilder):
         metadata.use_asm_decode = use_asm_decode(
             common_attn_metadata, self.num_heads_q, self.asm_cut
         )
-        if metadata.max_query_len > 1 and self.asm_split_off is None:
+        if metadata.max_query_len > 1:
             metadata.asm_split = split_asm_decode(
-                common_attn_metadata, self.num_heads_q, self.asm_cut
+                common_attn_metadata, self.vllm_config, self.num_heads_q, self.asm_cut
             )
         return metadata
 

@@ -63,12 +63,15 @@ def leading_decodes(query_start_loc: np.ndarray) -> int | None:
 
 
 def split_asm_decode(
-    common: CommonAttentionMetadata, num_heads: int, cut: int
+    common: CommonAttentionMetadata, vllm_config: VllmConfig, num_heads: int, cut: int
 ) -> AsmDecodeSplit | None:
     """The split of a mixed step whose leading decodes are above the cut, from host
-    data; None when the step stays whole."""
+    data; None when the step stays whole. (The graph mode is read here, per mixed
+    step: Model Runner V2 resolves it after it makes the builders.)"""
     num_reqs = common.num_reqs
     if common.max_query_len == 1 or (num_reqs - 1) * num_heads <= cut:
+        return None
+    if asm_split_off(vllm_config) is not None:
         return None
     num_decodes = leading_decodes(common.query_start_loc_cpu.numpy()[: num_reqs + 1])
     if num_decodes is None or num_decodes * num_heads <= cut:

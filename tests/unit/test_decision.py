@@ -1,22 +1,27 @@
 """The rule, as a property: asm runs if and only if every condition of the SPEC holds.
 
-The oracle below restates the SPEC's conditions independently of the code under test."""
+Layers are vLLM's real ``RocmAttentionImpl`` over KV caches laid out as vLLM binds them
+(meta tensors: shapes and strides only). The oracle below restates the SPEC's conditions
+independently of the code under test."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
 from pathlib import Path
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from vllm_rocm_asm_decode.aiter_version import AiterBuild
-from vllm_rocm_asm_decode.decision import call_uses_asm, step_uses_asm
-from vllm_rocm_asm_decode.eligibility import LayerFacts, rejection_reasons
+from vllm_rocm_asm_decode.core import asm_decode, asm_decode_rejections, use_asm_decode
+from vllm_rocm_asm_decode.eligibility import call_uses_asm, rejection_reasons
 from vllm_rocm_asm_decode.kernel_table import fallback_table, load_table
+from vllm_rocm_asm_decode.mixed import leading_decodes, split_asm_decode
 
 HSA = Path(__file__).resolve().parents[1] / "standins" / "kernels" / "aiter" / "hsa"
 TABLES = {arch: load_table(HSA, arch)[0] for arch in ("gfx942", "gfx950")}
@@ -43,66 +48,112 @@ SCALES = [
     128**-0.5,
     1 / math.sqrt(128),
     float(torch.tensor(128**-0.5, dtype=torch.float32)),
+    128**-0.5 * (1 + 1e-4),  # just off: a tolerance of 1e-2 would take it
     0.0625,
-    128**-0.5 * 1.001,
     1.0,
     64**-0.5,
 ]
 
-facts_strategy = st.builds(
-    LayerFacts,
-    kv_cache_dtype=st.sampled_from(["fp8", "fp8_e4m3", "fp8_e5m2", "auto", "bfloat16"]),
-    block_size=st.sampled_from([16, 32, 64, 544]),
+
+@dataclasses.dataclass(frozen=True)
+class Layer:
+    """What a layer is made of, as vLLM builds it."""
+
+    kv_cache_dtype: str = "fp8"
+    block_size: int = 16
+    head_size: int = 128
+    num_heads: int = 40
+    num_kv_heads: int = 8
+    query_dtype: torch.dtype = torch.bfloat16
+    scale: float = 128**-0.5
+    sliding_window: bool = False
+    alibi: bool = False
+    logits_soft_cap: float = 0.0
+    sinks: bool = False
+    decoder: bool = True
+    dense_pages: bool = True
+    max_model_len: int = 40960
+    num_blocks: int = 64
+
+    def build(self):
+        """vLLM's impl, its bound KV cache view (LHBNC: K and V groups spanning every
+        block; LBHNC: K and V pages alternating), and what the rule reads of the model."""
+        from vllm.v1.attention.backend import AttentionType
+        from vllm.v1.attention.backends.rocm_attn import RocmAttentionImpl
+
+        impl = RocmAttentionImpl(
+            self.num_heads,
+            self.head_size,
+            self.scale,
+            self.num_kv_heads,
+            [0.5] * self.num_heads if self.alibi else None,
+            128 if self.sliding_window else None,
+            self.kv_cache_dtype,
+            self.logits_soft_cap or None,
+            AttentionType.DECODER if self.decoder else AttentionType.ENCODER_DECODER,
+            sinks=torch.zeros(self.num_heads) if self.sinks else None,
+        )
+        dtype = torch.uint8 if self.kv_cache_dtype.startswith("fp8") else torch.bfloat16
+        width = self.num_kv_heads * self.head_size
+        shape = (self.num_blocks, self.block_size, width)
+        if self.dense_pages:
+            kv_cache = torch.empty(2, *shape, dtype=dtype, device="meta").transpose(0, 1)
+        else:
+            kv_cache = torch.empty(shape[0], 2, *shape[1:], dtype=dtype, device="meta")
+        model = SimpleNamespace(dtype=self.query_dtype, max_model_len=self.max_model_len)
+        return impl, kv_cache, model
+
+    def reasons(self, arch: str = "gfx950", aiter: AiterBuild | None = None) -> list[str]:
+        impl, kv_cache, model = self.build()
+        return rejection_reasons(impl, kv_cache, model, TABLES[arch], aiter or UNFIXED)
+
+
+UNFIXED = AiterBuild("0.1.16.post5")
+
+layers = st.builds(
+    Layer,
+    kv_cache_dtype=st.sampled_from(["fp8", "fp8_e4m3", "fp8_e5m2", "auto"]),
+    block_size=st.sampled_from([16, 32, 64]),
     head_size=st.sampled_from([64, 128, 256]),
-    num_heads=st.sampled_from([8, 16, 28, 32, 40, 64, 80]),
+    num_heads=st.sampled_from([8, 16, 32, 40, 64, 80]),
     num_kv_heads=st.sampled_from([1, 2, 4, 5, 8, 16]),
-    query_dtype=st.sampled_from(
-        [torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn]
-    ),
+    query_dtype=st.sampled_from([torch.bfloat16, torch.float16, torch.float32]),
     scale=st.sampled_from(SCALES),
     sliding_window=st.booleans(),
     alibi=st.booleans(),
     logits_soft_cap=st.sampled_from([0.0, 30.0]),
     sinks=st.booleans(),
-    decoder_self_attention=st.booleans(),
-    native_kv_layout=st.booleans(),
+    decoder=st.booleans(),
+    dense_pages=st.booleans(),
     max_model_len=st.sampled_from([4096, 40960, 131072, 131073, 262144]),
-    num_blocks=st.sampled_from([None, 256, 65536, 65537, 183104]),
+    num_blocks=st.sampled_from([4, 65536, 65537, 183104]),
 )
-aiter_strategy = st.builds(
-    AiterBuild, version=st.sampled_from(list(AITER_VERSIONS)), trusted=st.booleans()
-)
+aiters = st.builds(AiterBuild, version=st.sampled_from(list(AITER_VERSIONS)), trusted=st.booleans())
 
 
-def oracle_layer_ok(f: LayerFacts, arch: str, aiter: AiterBuild) -> bool:
-    gqa = f.num_heads / f.num_kv_heads
+def oracle_layer_ok(f: Layer, arch: str, aiter: AiterBuild) -> bool:
+    gqa = f.num_heads // f.num_kv_heads
     return (
         f.kv_cache_dtype in ("fp8", "fp8_e4m3")
         and f.block_size == 16
         and f.head_size == 128
         and f.query_dtype in (torch.bfloat16, torch.float16)
-        and gqa == int(gqa)
         and 1 <= gqa <= 8
         and arch in ("gfx942", "gfx950")  # with the kernel files installed
         and abs(f.scale - 1 / math.sqrt(128)) < 1e-6 * 0.0884
         and not (f.sliding_window or f.alibi or f.logits_soft_cap or f.sinks)
-        and f.decoder_self_attention
-        and f.native_kv_layout
+        and f.decoder
+        and f.dense_pages
         and f.max_model_len <= 131072
-        and (
-            f.num_blocks is None
-            or f.num_blocks <= 65536
-            or aiter.trusted
-            or AITER_VERSIONS[aiter.version]
-        )
+        and (f.num_blocks <= 65536 or aiter.trusted or AITER_VERSIONS[aiter.version])
     )
 
 
 @settings(max_examples=400, deadline=None)
 @given(
-    facts=facts_strategy,
+    layer=layers,
     arch=st.sampled_from(sorted(TABLES)),
-    aiter=aiter_strategy,
+    aiter=aiters,
     max_query_len=st.integers(1, 4),
     num_tokens=st.integers(1, 600),
     padding_reqs=st.integers(0, 2),
@@ -111,120 +162,102 @@ def oracle_layer_ok(f: LayerFacts, arch: str, aiter: AiterBuild) -> bool:
     call_query_fp8=st.booleans(),
 )
 def test_asm_iff_every_condition_holds(
-    facts, arch, aiter, max_query_len, num_tokens, padding_reqs, cut, output_quant, call_query_fp8
+    layer, arch, aiter, max_query_len, num_tokens, padding_reqs, cut, output_quant, call_query_fp8
 ):
+    assume(layer.num_heads % layer.num_kv_heads == 0)  # vLLM serves no other model
     num_reqs = num_tokens + padding_reqs if max_query_len == 1 else max(1, num_tokens // 2)
-    layer_ok = not rejection_reasons(facts, TABLES[arch], aiter)
-    step = step_uses_asm(
-        max_query_len=max_query_len,
-        num_tokens=num_tokens,
-        num_reqs=num_reqs,
-        num_heads=facts.num_heads,
-        cut=cut,
+    layer_ok = not layer.reasons(arch, aiter)
+    step = SimpleNamespace(
+        max_query_len=max_query_len, num_reqs=num_reqs, num_actual_tokens=num_tokens
     )
     chosen = call_uses_asm(
-        step_asm=step,
+        step_asm=use_asm_decode(step, layer.num_heads, cut),
         layer_eligible=layer_ok,
         output_quant_requested=output_quant,
         tensors_ok=not call_query_fp8,
     )
     expected = (
-        oracle_layer_ok(facts, arch, aiter)
+        oracle_layer_ok(layer, arch, aiter)
         and max_query_len == 1
         and num_reqs == num_tokens
-        and num_tokens * facts.num_heads > cut
+        and num_tokens * layer.num_heads > cut
         and not output_quant
         and not call_query_fp8
     )
     assert chosen == expected
-    assert layer_ok == oracle_layer_ok(facts, arch, aiter)
+    assert layer_ok == oracle_layer_ok(layer, arch, aiter)
 
 
-UNFIXED = AiterBuild("0.1.16.post5")
-
-
-@given(facts=facts_strategy)
-def test_every_rejection_names_its_reason(facts):
-    reasons = rejection_reasons(facts, TABLES["gfx950"], UNFIXED)
+@given(layer=layers)
+def test_every_rejection_names_its_reason(layer):
+    assume(layer.num_heads % layer.num_kv_heads == 0)
+    reasons = layer.reasons()
     assert all(isinstance(r, str) and r for r in reasons)
-    if facts.kv_cache_dtype == "fp8_e5m2":
-        assert any("fp8_e5m2" in r for r in reasons)
-    if facts.sinks:
-        assert any("sinks" in r for r in reasons)
-    if not facts.decoder_self_attention:
-        assert any("decoder self-attention" in r for r in reasons)
-    if facts.num_blocks is not None and facts.num_blocks > 65536:
-        assert f"this cache has {facts.num_blocks} blocks" in reasons[-1]
+    if not layer.decoder:
+        assert reasons == ["not decoder self-attention"]
+        return
+    for wrong, part in (
+        (layer.kv_cache_dtype == "fp8_e5m2", "fp8_e5m2"),
+        (layer.sinks, "sinks"),
+        (layer.alibi, "ALiBi"),
+        (not layer.dense_pages, "not dense"),
+        (layer.max_model_len > 131072, f"max_model_len {layer.max_model_len}"),
+    ):
+        assert not wrong or any(part in r for r in reasons), (part, reasons)
+    if reasons == [reasons[-1]] and layer.num_blocks > 65536:
+        assert f"this cache has {layer.num_blocks} blocks" in reasons[-1]
 
 
-LLAMA = LayerFacts(
-    "fp8", 16, 128, 32, 8, torch.bfloat16, 128**-0.5, False, False, 0.0, False, True, True, 8192
-)
-
-
-def test_llama_and_qwen3_scales_pass_but_gemma_does_not():
-    base = LayerFacts(
-        "fp8",
-        16,
-        128,
-        40,
-        8,
-        torch.bfloat16,
-        128**-0.5,
-        False,
-        False,
-        0.0,
-        False,
-        True,
-        True,
-        40960,
-    )
+def test_llama_and_qwen3_scales_pass_but_gemma_and_a_near_miss_do_not():
     assert 128**-0.5 != 1 / math.sqrt(128)  # the last-bit difference the rule tolerates
-    assert rejection_reasons(base, TABLES["gfx950"], UNFIXED) == []
-    gemma = LayerFacts(**{**base.__dict__, "scale": 256**-0.5})
-    assert rejection_reasons(gemma, TABLES["gfx950"], UNFIXED) == [
-        "softmax scale 0.0625 != 1/sqrt(128)"
-    ]
+    assert Layer().reasons() == []
+    assert Layer(scale=1 / math.sqrt(128)).reasons() == []
+    assert Layer(scale=256**-0.5).reasons() == ["softmax scale 0.0625 != 1/sqrt(128)"]
+    # One part in 10^4 off: the kernel's hardcoded scale would be wrong by as much.
+    (near,) = Layer(scale=128**-0.5 * (1 + 1e-4)).reasons()
+    assert near.startswith("softmax scale 0.0883")
 
 
 def test_step_cut_is_strictly_above():
-    kw = dict(max_query_len=1, num_heads=32, cut=512)
-    assert not step_uses_asm(num_tokens=16, num_reqs=16, **kw)  # 512 is not above 512
-    assert step_uses_asm(num_tokens=17, num_reqs=17, **kw)
+    def step(num_tokens, num_reqs, max_query_len=1):
+        common = SimpleNamespace(
+            max_query_len=max_query_len, num_reqs=num_reqs, num_actual_tokens=num_tokens
+        )
+        return use_asm_decode(common, 32, 512)
+
+    assert not step(16, 16)  # 512 is not above 512
+    assert step(17, 17)
+    assert not step(34, 17, max_query_len=2)  # not a pure decode
     # More requests than rows: Model Runner V2's trailing all-padding microbatch and a
     # drafter descriptor downgraded to eager build such steps; never asm.
-    assert not step_uses_asm(num_tokens=17, num_reqs=18, **kw)
+    assert not step(17, 18)
 
 
 def test_every_failed_clause_is_reported_not_just_the_first():
-    facts = LayerFacts(
-        "fp8_e5m2",
-        32,
-        128,
-        64,
-        4,
-        torch.float32,
-        0.0625,
-        True,
-        False,
-        0.0,
-        False,
-        True,
-        False,
-        262144,
+    layer = Layer(
+        kv_cache_dtype="fp8_e5m2",
+        block_size=32,
+        num_heads=64,
+        num_kv_heads=4,
+        query_dtype=torch.float32,
+        scale=0.0625,
+        sliding_window=True,
+        dense_pages=False,
+        max_model_len=262144,
     )
-    reasons = rejection_reasons(facts, TABLES["gfx950"], UNFIXED)
+    reasons = layer.reasons()
     for part in (
         "fp8_e5m2",
         "torch.float32 query",
         "block size 32",
+        "GQA 16",
         "softmax scale 0.0625",
         "sliding window",
         "not dense",
         "max_model_len 262144",
     ):
         assert any(part in r for r in reasons), (part, reasons)
-    assert len(reasons) == 7
+    assert len(reasons) == 8
 
 
 @pytest.mark.parametrize(
@@ -254,76 +287,120 @@ def test_every_failed_clause_is_reported_not_just_the_first():
     ids=["old", "unknown", "scm-fallback", "small-pool", "fixed"],
 )
 def test_block_id_clause_names_version_bug_fix_and_block_count(version, num_blocks, expected):
-    facts = dataclasses.replace(LLAMA, num_blocks=num_blocks)
-    reasons = rejection_reasons(facts, TABLES["gfx950"], AiterBuild(version))
-    assert reasons == ([expected] if expected else [])
-    trusted = rejection_reasons(facts, TABLES["gfx950"], AiterBuild(version, trusted=True))
-    assert trusted == []
+    layer = Layer(num_heads=32, num_blocks=num_blocks)
+    assert layer.reasons(aiter=AiterBuild(version)) == ([expected] if expected else [])
+    assert layer.reasons(aiter=AiterBuild(version, trusted=True)) == []
 
 
 def test_missing_kernel_file_is_named():
-    reasons = rejection_reasons(LLAMA, TABLES["gfx950-no-files"], UNFIXED)
     hsa = HSA / "gfx950" / "pa"
-    assert reasons == [
+    assert Layer(num_heads=32).reasons("gfx950-no-files") == [
         f"kernel file {hsa / 'standin_bf16_fp8_gqa8_hp2.co'} not installed (listed in pa_asm.csv)"
     ]
 
 
-def test_unknown_arch_says_so_instead_of_naming_an_empty_one():
-    reasons = rejection_reasons(LLAMA, TABLES[""], UNFIXED)
-    assert reasons == ["an unknown GPU architecture (neither vLLM nor torch names it)"]
+def test_unknown_and_other_archs_are_named():
+    assert Layer().reasons("") == ["GPU unknown"]
+    assert Layer().reasons("gfx1250") == ["GPU gfx1250"]
+
+
+def test_core_rule_alone_takes_gqa_up_to_8_on_gfx942_and_gfx950():
+    """Without the plugin's guards (the in-tree rule): the constants decide."""
+    for arch, num_kv_heads, ok in (
+        ("gfx942", 8, True),
+        ("gfx950:sramecc+:xnack-", 5, True),
+        ("gfx950", 4, False),
+        ("gfx90a", 8, False),
+    ):
+        impl, kv_cache, model = Layer(num_kv_heads=num_kv_heads).build()
+        assert (asm_decode_rejections(impl, kv_cache, model, arch) == []) is ok, arch
+
+
+def test_the_call_passes_the_block_tables_row_stride():
+    """A block table that is a column slice of a wider one (row stride above its width):
+    the kernel is told the real row stride, not the width."""
+    from vllm_rocm_asm_decode import aiter_ops
+
+    seen = {}
+    wide = torch.zeros(4, 32, dtype=torch.int32)
+    table = wide[:, :8]
+    assert table.stride(0) == 32 != table.shape[1]
+
+    class Recorder:
+        @staticmethod
+        def pa_fwd_asm(**kwargs):
+            seen.update(kwargs)
+
+    values = torch.zeros(2, 8, 128, 16)
+    scales = (torch.ones(1), torch.full((1,), 2.0))
+    with pytest.MonkeyPatch.context() as mp:
+        from vllm_rocm_asm_decode import core
+
+        mp.setattr(core, "rocm_aiter_ops", Recorder)
+        out = torch.empty(4, 40, 128)
+        asm_decode(torch.zeros(4, 40, 128), "K", values, table, "lens", scales, out)
+    assert seen["block_tables_stride0"] == 32 and seen["block_tables"] is table
+    assert seen["V"].shape == (2, 8, 1, 128, 16) and seen["high_precision"] == 2
+    assert seen["K_QScale"] is scales[0] and seen["V_QScale"] is scales[1]
+    assert seen["out_"] is out
+    assert aiter_ops.rocm_aiter_ops is not None
 
 
 @given(query_lens=st.lists(st.integers(0, 5), min_size=1, max_size=12))
 def test_leading_decodes_is_the_whole_decode_set_or_none(query_lens):
-    from vllm_rocm_asm_decode.decision import leading_decodes
-
     ones = [i for i, q in enumerate(query_lens) if q == 1]
     run = next((i for i, q in enumerate(query_lens) if q != 1), len(query_lens))
     expected = run if all(i < run for i in ones) else None
     starts = [0]
     for q in query_lens:
         starts.append(starts[-1] + q)
-    assert leading_decodes(starts) == expected
+    assert leading_decodes(np.array(starts)) == expected
+
+
+#: What ``asm_split_off`` reads of a VllmConfig that lets mixed steps split.
+SPLITTABLE = SimpleNamespace(
+    compilation_config=SimpleNamespace(
+        cudagraph_mode=SimpleNamespace(mixed_mode=lambda: "PIECEWISE")
+    ),
+    speculative_config=None,
+)
+
+
+def mixed_step(query_lens: list[int]) -> SimpleNamespace:
+    starts = torch.tensor([0, *np.cumsum(query_lens)], dtype=torch.int32)
+    n = len(query_lens)
+    return SimpleNamespace(
+        num_reqs=n,
+        max_query_len=max(query_lens),
+        query_start_loc_cpu=starts,
+        query_start_loc=starts.clone(),
+        seq_lens=torch.arange(n, dtype=torch.int32) + 50,
+        block_table_tensor=torch.zeros(n, 8, dtype=torch.int32),
+    )
 
 
 @given(
-    max_query_len=st.integers(1, 4),
-    num_decodes=st.one_of(st.none(), st.integers(0, 40)),
+    num_decodes=st.integers(0, 40),
+    prefills=st.lists(st.integers(2, 9), min_size=0, max_size=3),
+    trailing_decode=st.booleans(),
     num_heads=st.sampled_from([8, 32, 40]),
     cut=st.sampled_from([512, 608]),
-    split_allowed=st.booleans(),
-    capturing=st.booleans(),
 )
 def test_mixed_split_iff_every_condition_holds(
-    max_query_len, num_decodes, num_heads, cut, split_allowed, capturing
+    num_decodes, prefills, trailing_decode, num_heads, cut
 ):
-    from vllm_rocm_asm_decode.decision import mixed_step_uses_asm
-
+    query_lens = [1] * num_decodes + prefills + ([1] if trailing_decode and prefills else [])
+    assume(query_lens)
+    split = split_asm_decode(mixed_step(query_lens), SPLITTABLE, num_heads, cut)
     expected = (
-        max_query_len >= 2
-        and num_decodes is not None
+        bool(prefills)  # a prefill row in the step
+        and not trailing_decode  # every decode leads
         and num_decodes * num_heads > cut
-        and split_allowed
-        and not capturing
     )
-    assert (
-        mixed_step_uses_asm(
-            max_query_len=max_query_len,
-            num_decodes=num_decodes,
-            num_heads=num_heads,
-            cut=cut,
-            split_allowed=split_allowed,
-            capturing=capturing,
-        )
-        is expected
-    )
-
-
-@given(num_decodes=st.integers(0, 600))
-def test_prefill_views_start_aligned_at_or_before_the_first_prefill(num_decodes):
-    from vllm_rocm_asm_decode.decision import prefill_view_start
-
-    start = prefill_view_start(num_decodes)
-    assert start <= num_decodes < start + 4
-    assert (start * 4) % 16 == 0  # int32 elements: a 16-byte aligned view
+    assert (split is not None) is expected
+    if split is not None:
+        assert split.num_decodes == num_decodes
+        start = len(query_lens) - split.prefill_seq_lens.shape[0]
+        assert start <= num_decodes < start + 4  # the prefill views start aligned...
+        assert (start * 4) % 16 == 0  # ...at a 16-byte boundary of int32 elements
+        assert split.decode_block_table.shape[0] == num_decodes

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
 from vllm_rocm_asm_decode import settings
-from vllm_rocm_asm_decode.decision import default_cut, resolve_cut
+from vllm_rocm_asm_decode.eligibility import default_cut, resolve_cut
 
 
 @pytest.mark.parametrize(
@@ -85,48 +83,3 @@ def test_trust_aiter_bad_value_names_variable_and_value(monkeypatch, raw):
         with pytest.raises(settings.SettingError) as err:
             check()
         assert settings.TRUST_ENV in str(err.value) and repr(raw) in str(err.value)
-
-
-def _in_tree_readings() -> dict:
-    """The two ``environment_variables`` entries ``upstream`` writes into vLLM's
-    ``envs.py``, evaluated with vLLM's own ``maybe_convert_int``."""
-    import os
-
-    from vllm.envs import maybe_convert_int
-
-    from vllm_rocm_asm_decode.tools.upstream import _ENV_ENTRIES
-
-    return eval("{" + _ENV_ENTRIES + "}", {"os": os, "maybe_convert_int": maybe_convert_int})
-
-
-@given(
-    raw=st.one_of(
-        st.sampled_from(["1", "0", "true", "false", "TRUE", "False", "", " 1", "yes", "on"]),
-        st.text(max_size=6),
-    )
-)
-def test_every_value_the_plugin_accepts_routes_as_in_tree(raw):
-    """For the switch and the cut: where the plugin accepts a value, vLLM's ``envs.py``
-    entries of the in-tree form read it the same (the rest is an error in the plugin)."""
-    import os
-
-    readings = _in_tree_readings()
-    for name, parse in (
-        (settings.SWITCH_ENV, settings.asm_decode_switch),
-        (settings.CUT_ENV, settings.cut_override),
-    ):
-        if "\x00" in raw:
-            continue  # not representable in an environment
-        old = os.environ.get(name)
-        os.environ[name] = raw
-        try:
-            try:
-                ours = parse()
-            except settings.SettingError:
-                continue
-            assert ours == readings[name](), (name, raw)
-        finally:
-            if old is None:
-                del os.environ[name]
-            else:
-                os.environ[name] = old

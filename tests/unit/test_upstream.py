@@ -1,6 +1,6 @@
-"""``upstream DIR``: the in-tree form written from the runtime modules into a vLLM 0.33
-tree (here: the installed vLLM's three edited files and its version file), anchored on
-names, all or nothing, idempotent, refused for other vLLMs."""
+"""``upstream DIR [--stage N]``: the in-tree form as a stack of pull requests written from
+the runtime's core into a vLLM 0.33 tree (here: the installed vLLM's edited files and its
+version file), anchored on names, all or nothing, idempotent, refused for other vLLMs."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from vllm_rocm_asm_decode.tools import upstream
 from vllm_rocm_asm_decode.tools.cli import main
 
 RUNTIME = Path(upstream.__file__).resolve().parents[2]
-EDITED = (upstream.ROCM_ATTN, upstream.AITER_OPS, upstream.ENVS)
+EDITED = (upstream.ROCM_ATTN, upstream.AITER_OPS, upstream.PAGED_DECODE)
 
 
 def installed_vllm() -> Path:
@@ -30,22 +30,22 @@ def installed_vllm() -> Path:
 @pytest.fixture
 def tree(tmp_path) -> Path:
     """The files ``upstream`` reads, copied from the installed vLLM 0.33."""
-    root = tmp_path / "vllm-src"
-    for rel in (*EDITED, Path("vllm/_version.py")):
+    return stock_tree(tmp_path / "vllm-src")
+
+
+def stock_tree(root: Path) -> Path:
+    for rel in (*EDITED, Path("vllm/envs.py"), Path("vllm/_version.py")):
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(installed_vllm().parent / rel, root / rel)
     return root
 
 
-@pytest.fixture(scope="module")
-def applied(tmp_path_factory) -> Path:
-    """A tree with the change applied (read only)."""
-    root = tmp_path_factory.mktemp("applied") / "vllm-src"
-    for rel in (*EDITED, Path("vllm/_version.py")):
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(installed_vllm().parent / rel, root / rel)
-    upstream.apply(root)
-    return root
+@pytest.fixture(scope="module", params=[1, 2], ids=["stage-1", "stage-2"])
+def applied(request, tmp_path_factory) -> tuple[Path, int]:
+    """A tree with stages 1..N applied (read only), and N."""
+    root = stock_tree(tmp_path_factory.mktemp(f"applied-{request.param}") / "vllm-src")
+    upstream.apply(root, request.param)
+    return root, request.param
 
 
 def snapshot(root: Path) -> dict[str, bytes]:
@@ -66,12 +66,66 @@ def test_check_writes_nothing_apply_writes_the_same_and_a_second_apply_nothing(t
     code, applied, _ = run(capsys, str(tree))
     assert code == 0
     assert checked.splitlines()[1:] == applied.splitlines()[1:-1]  # the same diff stat
-    assert "12 files changed" in applied and "(new)" in applied
+    assert "3 files changed" in applied and "(new)" in applied
     after = snapshot(tree)
-    for argv in ((str(tree),), (str(tree), "--check")):
+    for argv in ((str(tree),), (str(tree), "--check"), (str(tree), "--stage", "1")):
         code, again, _ = run(capsys, *argv)
-        assert code == 0 and again.endswith("already carries this change; nothing to do\n")
+        assert code == 0 and again.endswith(
+            "already carries stage 1 of this change; nothing to do\n"
+        )
         assert snapshot(tree) == after
+
+
+def test_stage_2_applies_on_stage_1_as_at_once_and_stage_1_then_has_nothing_to_do(
+    tree, tmp_path, capsys
+):
+    at_once = stock_tree(tmp_path / "at-once")
+    upstream.apply(at_once, 2)
+    upstream.apply(tree, 1)
+    code, out, _ = run(capsys, str(tree), "--stage", "2")
+    assert code == 0 and "rocm_attn.py" in out and "chunked_prefill_paged_decode.py" in out
+    assert snapshot(tree) == snapshot(at_once)
+    for stage, which in (("1", "stage 1"), ("2", "stages 1-2")):
+        code, out, _ = run(capsys, str(tree), "--stage", stage)
+        assert code == 0 and out.endswith(
+            f"already carries {which} of this change; nothing to do\n"
+        )
+    assert snapshot(tree) == snapshot(at_once)
+
+
+@pytest.mark.parametrize("stage", ["0", "3", "two", ""])
+def test_a_stage_that_is_not_there_is_one_line(tree, capsys, stage):
+    with pytest.raises(SystemExit) as exit_:
+        main(["upstream", str(tree), "--stage", stage])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "--stage" in err and "Traceback" not in err
+
+
+def test_stage_1_is_about_a_hundred_lines_inside_rocm_attn_py(tree):
+    """The first pull request: at most 150 lines added to vLLM's own files outside
+    tests/ (the review's aim: about 100), no new file under vllm/, no new setting."""
+    import difflib
+
+    envs = (tree / "vllm/envs.py").read_text()
+    files = upstream.changed_files(tree, 1)
+    new_files = [rel for rel in files if not (tree / rel).exists()]
+    assert [rel for rel in new_files if rel.parts[0] == "vllm"] == []
+    assert new_files == [upstream.KERNEL_TEST]
+    added = 0
+    for rel, text in files.items():
+        if rel.parts[0] != "vllm":
+            continue
+        old = (tree / rel).read_text().splitlines()
+        diff = difflib.unified_diff(old, text.splitlines(), lineterm="", n=0)
+        added += sum(1 for d in diff if d.startswith("+") and not d.startswith("+++"))
+    assert set(files) == {upstream.ROCM_ATTN, upstream.AITER_OPS, upstream.KERNEL_TEST}
+    assert added <= 150, added
+    assert Path("vllm/envs.py") not in files and (tree / "vllm/envs.py").read_text() == envs
+    text = files[upstream.ROCM_ATTN]
+    assert "class AsmDecode" not in text.split("class RocmAttentionMetadata:")[0]  # no mixin
+    assert "Mixin" not in text and "VLLM_ROCM_ASM" not in text
+    # One info line when active; the reasons at debug level.
+    assert text.count("logger.info") == 1 and text.count("logger.debug") == 1
 
 
 def test_a_file_where_a_directory_goes_stops_check_and_apply_alike(tree, capsys):
@@ -94,7 +148,7 @@ def test_a_failure_while_replacing_puts_every_file_back(tree, capsys, monkeypatc
 
     def replace(src, dst):
         calls.append(dst)
-        if len(calls) == 11:  # after the package and rocm_attn.py went in
+        if len(calls) == 2:  # after rocm_attn.py and _aiter_ops.py went in
             raise PermissionError(1, "Operation not permitted")
         real(src, dst)
 
@@ -108,9 +162,9 @@ def test_a_failure_while_replacing_puts_every_file_back(tree, capsys, monkeypatc
 
 
 def test_file_modes_are_kept(tree):
-    (tree / upstream.ENVS).chmod(0o755)
+    (tree / upstream.AITER_OPS).chmod(0o755)
     upstream.apply(tree)
-    assert (tree / upstream.ENVS).stat().st_mode & 0o777 == 0o755
+    assert (tree / upstream.AITER_OPS).stat().st_mode & 0o777 == 0o755
 
 
 def test_a_symlink_into_an_installed_vllm_is_refused(tree, tmp_path, capsys):
@@ -133,42 +187,44 @@ def test_a_symlinked_file_is_replaced_not_written_through(tree, tmp_path):
     upstream.apply(tree)
     assert outside.read_bytes() == original
     assert not (tree / upstream.ROCM_ATTN).is_symlink()
-    assert "forward_asm_decode" in (tree / upstream.ROCM_ATTN).read_text()
+    assert "def asm_decode_rejections(" in (tree / upstream.ROCM_ATTN).read_text()
 
 
-@pytest.mark.parametrize("base_order_swapped", [False, True], ids=["comment", "bases"])
-def test_another_version_of_the_change_is_refused_not_stacked(tree, capsys, base_order_swapped):
+@pytest.mark.parametrize(
+    ("old", "new", "where"),
+    [
+        (
+            "# ROCM_ATTN's own builder only: the backends built on it keep their decode.",
+            "# ROCM_ATTN's own builder only.",
+            "RocmAttentionMetadataBuilder.__init__",
+        ),
+        (
+            '(impl.alibi_slopes is None, "ALiBi"),',
+            '(impl.alibi_slopes is None, "alibi"),',
+            "the module",
+        ),
+    ],
+    ids=["wiring", "rule"],
+)
+def test_another_version_of_the_change_is_refused_not_stacked(tree, capsys, old, new, where):
     upstream.apply(tree)
-    if base_order_swapped:
-        path = tree / upstream.ROCM_ATTN
-        path.write_text(
-            path.read_text().replace(
-                "class RocmAttentionImpl(AsmDecodeImplMixin, AttentionImpl):",
-                "class RocmAttentionImpl(AttentionImpl, AsmDecodeImplMixin):",
-            )
-        )
-        code, _, err = run(capsys, str(tree))
-        assert code == 2 and "another version of this change is in the bases" in err
-        return
     path = tree / upstream.ROCM_ATTN
-    path.write_text(path.read_text().replace("keep theirs.", "keep their decode."))
+    assert path.read_text().count(old) == 1
+    path.write_text(path.read_text().replace(old, new))
     before = snapshot(tree)
     code, _, err = run(capsys, str(tree))
-    assert (
-        code == 2
-        and "another version of this change is in RocmAttentionMetadataBuilder.__init__" in err
-    )
+    assert code == 2 and f"another version of this change is in {where}" in err, err
     assert f"git checkout -- {upstream.ROCM_ATTN}" in err and snapshot(tree) == before
 
 
 @pytest.mark.parametrize(
     ("damage", "message"),
     [(b"# caf\xe9\n", "is not UTF-8 text"), (None, "is not a vLLM source tree")],
-    ids=["latin-1-byte", "envs-missing"],
+    ids=["latin-1-byte", "aiter-ops-missing"],
 )
 def test_unreadable_files_are_one_line(tree, capsys, damage, message):
     if damage is None:
-        (tree / upstream.ENVS).unlink()
+        (tree / upstream.AITER_OPS).unlink()
     else:
         with open(tree / upstream.ROCM_ATTN, "ab") as f:
             f.write(damage)
@@ -178,59 +234,61 @@ def test_unreadable_files_are_one_line(tree, capsys, damage, message):
         assert str(tree) in err and "upstream-check" not in err  # names DIR, not the copy
 
 
-def test_the_three_vllm_files_only_gain_lines_except_where_a_line_is_rewrapped(tree):
+def test_vllms_files_only_gain_lines_except_where_an_import_grows(tree):
     import difflib
 
     before = {rel: (tree / rel).read_text().splitlines() for rel in EDITED}
-    upstream.apply(tree)
+    upstream.apply(tree, 2)
     removed = {
         rel: [
             line[1:]
             for line in difflib.unified_diff(old, (tree / rel).read_text().splitlines(), n=0)
-            if line.startswith("-") and not line.startswith("---") and line[1:].strip()
+            if line.startswith("-") and not line.startswith("---") and line[1:].strip(" )")
         ]
         for rel, old in before.items()
     }
-    assert removed[upstream.AITER_OPS] == [] and removed[upstream.ENVS] == []
-    # rocm_attn.py: the two class lines and the capture build's call are rewritten.
+    assert removed[upstream.AITER_OPS] == [] and removed[upstream.PAGED_DECODE] == []
+    # rocm_attn.py: two imports gain a name; nothing of vLLM's code changes.
     assert [line.strip() for line in removed[upstream.ROCM_ATTN]] == [
-        "class RocmAttentionMetadataBuilder(AttentionMetadataBuilder[RocmAttentionMetadata]):",
-        "attn_metadata = self.build(0, common_attn_metadata)",
-        "class RocmAttentionImpl(AttentionImpl):",
+        "from dataclasses import dataclass, replace",
+        "from vllm.config import VllmConfig",
     ]
 
 
-def _code(source: str) -> list[str]:
-    """A module's statements, imports and the logger assignment left out, as AST."""
-    body = ast.parse(source).body
-    kept = []
-    for node in body:
-        if isinstance(node, ast.Import | ast.ImportFrom):
-            continue
-        if isinstance(node, ast.Assign) and ast.unparse(node) == "logger = init_logger(__name__)":
-            continue
-        for inner in ast.walk(node):  # imports inside functions are rewritten: drop them
-            if isinstance(inner, ast.ImportFrom):
-                inner.module, inner.level = "", 0
-        kept.append(ast.dump(node))
-    return kept
+def _statements(source: str) -> list[str]:
+    return [ast.dump(node) for node in ast.parse(source).body]
 
 
-@pytest.mark.parametrize("name", upstream.RUNTIME_MODULES)
-def test_each_written_module_is_the_runtime_module(applied, name):
-    written = (applied / upstream.PACKAGE_DIR / f"{name}.py").read_text()
-    original = (RUNTIME / f"{name}.py").read_text()
-    assert written.startswith(upstream.SPDX)
-    assert _code(written) == _code(original)
-    imported = [
-        n.module or "" for n in ast.walk(ast.parse(written)) if isinstance(n, ast.ImportFrom)
-    ]
-    assert all(n.level == 0 for n in ast.walk(ast.parse(written)) if isinstance(n, ast.ImportFrom))
-    assert not [m for m in imported if m.startswith("vllm_rocm_asm_decode")]
+@pytest.mark.parametrize("module", ["core", "mixed"])
+def test_the_written_rule_is_the_runtime_modules_code(applied, module):
+    """Everything below the imports of core.py (stage 1) and mixed.py (stage 2) is in
+    rocm_attn.py, statement for statement and byte for byte."""
+    root, stage = applied
+    if module == "mixed" and stage < 2:
+        pytest.skip("stage 2 writes mixed.py")
+    from vllm_rocm_asm_decode.tools.upstream.stages import runtime_block
+
+    block, _ = runtime_block(module)
+    written = (root / upstream.ROCM_ATTN).read_text()
+    assert block in written
+    expected = _statements(block)
+    found = _statements(written)
+    start = found.index(expected[0])
+    assert found[start : start + len(expected)] == expected
+    runtime = (RUNTIME / f"{module}.py").read_text()
+    assert (
+        _statements(block)
+        == [
+            s
+            for s in _statements(runtime)
+            if "Import" not in s.split("(")[0] and "If(" not in s[:3]
+        ][1:]
+    )  # the module docstring is not written
 
 
 def test_nothing_only_the_plugin_needs_goes_in(applied):
-    written = [applied / upstream.KERNEL_TEST, *(applied / upstream.PACKAGE_DIR).glob("*.py")]
+    root, stage = applied
+    written = [root / rel for rel in upstream.written(stage)]
     for path in written:
         text = path.read_text()
         for plugin_only in ("vllm_rocm_asm_decode", "vllm-rocm-asm-decode", "TRUST_AITER"):
@@ -243,20 +301,21 @@ def test_nothing_only_the_plugin_needs_goes_in(applied):
             text,
         )
         assert forbidden is None, (path.name, forbidden)
-    names = {p.stem for p in (applied / upstream.PACKAGE_DIR).glob("*.py")}
-    assert names == {"__init__", *upstream.RUNTIME_MODULES}
-    assert not names & set(upstream.PLUGIN_ONLY)
+        # Words of the plugin's own tools and settings.
+        for word in ("plan", "doctor", "--num-gpu-blocks", "contract model", "TRUST"):
+            assert word not in text or path.name.startswith("test_"), (path.name, word)
 
 
 def test_what_it_writes_is_ruff_clean_at_vllms_settings(applied, tmp_path):
     """vLLM's line length (88) and lint families, vLLM as first party."""
+    root, stage = applied
     config = tmp_path / "ruff.toml"
     config.write_text(
         "line-length = 88\ntarget-version = 'py310'\n[lint]\n"
         "select = ['E', 'F', 'UP', 'B', 'SIM', 'I', 'G']\n"
         "[lint.isort]\nknown-first-party = ['vllm']\n"
     )
-    written = [applied / upstream.KERNEL_TEST, *(applied / upstream.PACKAGE_DIR).glob("*.py")]
+    written = [root / rel for rel in upstream.written(stage)]
     ruff = Path(sys.executable).with_name("ruff")
     files = [str(p) for p in written]
     lint = subprocess.run(
@@ -264,7 +323,6 @@ def test_what_it_writes_is_ruff_clean_at_vllms_settings(applied, tmp_path):
     )
     assert lint.returncode == 0, lint.stdout
     # The edited vLLM files as well as the new ones are as ruff format writes them.
-    files += [str(applied / rel) for rel in EDITED]
     fmt = subprocess.run(
         [str(ruff), "format", "--check", "--config", str(config), *files],
         capture_output=True,
@@ -274,32 +332,33 @@ def test_what_it_writes_is_ruff_clean_at_vllms_settings(applied, tmp_path):
 
 
 MOVED = {
-    "capture-def": (
-        upstream.ROCM_ATTN,
-        "def build_for_cudagraph_capture(",
-        "def build_for_graphs(",
-        "def build_for_cudagraph_capture not found in RocmAttentionMetadataBuilder",
-    ),
     "impl-class": (
         upstream.ROCM_ATTN,
         "class RocmAttentionImpl(AttentionImpl):",
         "class RocmImpl(AttentionImpl):",
         "class RocmAttentionImpl not found in module",
+        "1",
     ),
-    "build-return": (
+    "metadata-call": (
         upstream.ROCM_ATTN,
-        "        )\n        return attn_metadata\n\n\nclass RocmAttentionBackend",
-        "        )\n        return attn_metadata or None\n\n\nclass RocmAttentionBackend",
-        "RocmAttentionMetadataBuilder.build does not end in `return attn_metadata`",
+        "        attn_metadata = RocmAttentionMetadata(\n",
+        "        attn_metadata = RocmMetadata(\n",
+        "RocmAttentionMetadataBuilder.build: no `attn_metadata = RocmAttentionMetadata(...)`",
+        "1",
     ),
-    "forward-args": (
+    "forward-call": (
         upstream.ROCM_ATTN,
-        "        output_block_scale: torch.Tensor | None = None,\n    ) -> torch.Tensor:\n"
-        '        """Forward pass with FlashAttention.',
-        "        block_scale: torch.Tensor | None = None,\n    ) -> torch.Tensor:\n"
-        '        """Forward pass with FlashAttention.',
-        "RocmAttentionImpl.forward(self, layer, query, key, value, kv_cache, "
-        "attn_metadata, output, output_scale, block_scale)",
+        "        chunked_prefill_paged_decode(\n            query=query[:num_actual_tokens],",
+        "        unified_paged_decode(\n            query=query[:num_actual_tokens],",
+        "RocmAttentionImpl.forward: no call of chunked_prefill_paged_decode",
+        "1",
+    ),
+    "logger": (
+        upstream.ROCM_ATTN,
+        "logger = init_logger(__name__)\n",
+        "LOG = init_logger(__name__)\n",
+        "no module-level `logger = init_logger(__name__)`",
+        "1",
     ),
     "pa-out": (
         upstream.AITER_OPS,
@@ -308,25 +367,35 @@ MOVED = {
         '        out: torch.Tensor,\n    ):\n        """Paged attention forward pass using '
         "assembly kernel.",
         "rocm_aiter_ops.pa_fwd_asm: out_ is not its last argument",
+        "1",
     ),
-    "mha-env": (
-        upstream.ENVS,
-        "    VLLM_ROCM_USE_AITER_MHA: bool = True\n",
-        "",
-        "VLLM_ROCM_USE_AITER_MHA is not declared under TYPE_CHECKING",
+    "capture-build": (
+        upstream.ROCM_ATTN,
+        "        attn_metadata = self.build(0, common_attn_metadata)\n",
+        "        attn_metadata = self.build(\n            0, common_attn_metadata\n        )\n",
+        "RocmAttentionMetadataBuilder.build_for_cudagraph_capture: no `attn_metadata = "
+        "self.build(0, common_attn_metadata)`",
+        "2",
+    ),
+    "prefill-block": (
+        upstream.PAGED_DECODE,
+        "    if max_query_len > 1:\n        context_attention_fwd(",
+        "    if max_query_len >= 2:\n        context_attention_fwd(",
+        "chunked_prefill_paged_decode: no `if max_query_len > 1:` prefill block",
+        "2",
     ),
 }
 
 
 @pytest.mark.parametrize("case", list(MOVED), ids=list(MOVED))
 def test_a_moved_anchor_stops_with_one_line_and_writes_nothing(tree, capsys, case):
-    rel, old, new, anchor = MOVED[case]
+    rel, old, new, anchor, stage = MOVED[case]
     path = tree / rel
     text = path.read_text()
     assert text.count(old) == 1
     path.write_text(text.replace(old, new))
     before = snapshot(tree)
-    code, out, err = run(capsys, str(tree))
+    code, out, err = run(capsys, str(tree), "--stage", stage)
     assert code == 2 and out == ""
     assert err.count("\n") == 1 and err.startswith("vllm-rocm-asm-decode upstream: error: ")
     assert f"{rel}: anchor moved: {anchor}" in err, err

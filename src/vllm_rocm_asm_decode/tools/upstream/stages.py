@@ -299,10 +299,9 @@ _SPLIT_INIT = """\
 
 _SPLIT_BUILD = """\
         asm_split = None
-        # Read again here: Model Runner V2 resolves the graph mode after the builders.
-        if self.asm_scales and max_query_len > 1 and not asm_split_off(self.vllm_config):
+        if self.asm_scales:
             asm_split = split_asm_decode(
-                common_attn_metadata, self.num_heads_q, self.asm_cut
+                common_attn_metadata, self.vllm_config, self.num_heads_q, self.asm_cut
             )
 """
 
