@@ -20,7 +20,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from vllm_rocm_asm_decode.asm_scale_tables import make_tables  # noqa: E402
+from vllm_rocm_asm_decode.asm_scale_tables import make_tables
 
 
 def used(device: torch.device) -> int:
@@ -31,6 +31,7 @@ def used(device: torch.device) -> int:
 
 def measure(device, shape, scales, aliased: bool) -> dict:
     gc.collect()
+    torch.cuda.empty_cache()
     before = used(device)
     tables, seconds = make_tables(device, shape, scales, aliased)
     taken = used(device) - before
@@ -50,6 +51,7 @@ def measure(device, shape, scales, aliased: bool) -> dict:
     }
     del tables
     gc.collect()
+    torch.cuda.empty_cache()  # hand torch's cached blocks back, so the next round allocates
     row["left_after_release_mib"] = (used(device) - before) / 2**20
     return row
 

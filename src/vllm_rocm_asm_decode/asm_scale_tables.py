@@ -1,4 +1,5 @@
-"""Per-slot KV scale tables for AITER's asm paged attention, at next to no memory cost.
+"""Per-slot KV scale tables for AITER's asm paged attention, at next to no memory cost,
+that follow a weight reload.
 
 ``pa_fwd_asm`` reads one fp32 dequant scale per cache slot, ``[num_blocks, num_kv_heads,
 block_size]``, while every slot of a layer holds the layer's per-tensor scale. Such a
@@ -12,14 +13,20 @@ Where the driver offers no virtual memory (the CPU, an old driver, a container t
 forbids it), a table is a plain allocation of its full size. A table's memory is
 released when the last tensor over it is dropped.
 
-Imports nothing but torch.
+:class:`AsmScaleTables` is one metadata builder's set: layers whose scales come from the
+checkpoint own a K and a V table, refilled in place when a reload changes their scales
+(:meth:`~AsmScaleTables.follow_reload`, host floats only); layers whose scales are fixed
+share one table per scale. Imports nothing but torch (vLLM's quantization module only
+when asked whether a layer's scales come from the checkpoint).
 """
 
 import ctypes
 import math
+import operator
 import time
 import weakref
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -240,3 +247,96 @@ def make_tables(
     start = time.perf_counter()
     tables = [make_table(device, shape, scale, aliased) for scale in scales]
     return tables, time.perf_counter() - start
+
+
+def aliasing_available(device: torch.device) -> bool:
+    """Whether tables on ``device`` can be aliased: one probe mapping, freed at once."""
+    if device.type != "cuda" or virtual_memory() is None:
+        return False
+    return make_table(device, (1, 1, 1), 0.0).aliased
+
+
+def checkpoint_scales(layer: Any) -> bool:
+    """Whether a layer's KV scales come from the checkpoint: vLLM gave it a KV-cache
+    quantization method, which loads them (and loads them again on a weight reload);
+    else they stay 1.0."""
+    from vllm.model_executor.layers.quantization.kv_cache import BaseKVCacheMethod
+
+    return isinstance(getattr(layer, "quant_method", None), BaseKVCacheMethod)
+
+
+_K_FLOAT = operator.itemgetter("_k_scale_float")
+_V_FLOAT = operator.itemgetter("_v_scale_float")
+
+
+class AsmScaleTables:
+    """One metadata builder's scale tables (released with it)."""
+
+    def __init__(self, device: torch.device, aliased: bool | None = None) -> None:
+        self.device = device
+        #: Aliased where the device offers virtual memory (decided at the first table).
+        self.aliased = aliased
+        self.shared: dict[tuple[tuple[int, int, int], float], AsmScaleTable] = {}
+        #: The layers that own their tables: their attributes (``_k_scale_float`` is a
+        #: plain attribute of the layer), tables, and the scales the tables hold.
+        self.owners: list[Any] = []
+        self.owned: list[tuple[AsmScaleTable, AsmScaleTable]] = []
+        self._attrs: list[dict[str, Any]] = []
+        self._k: list[float] = []
+        self._v: list[float] = []
+        #: Seconds spent making tables.
+        self.seconds = 0.0
+
+    def _make(self, shape: tuple[int, int, int], scale: float) -> AsmScaleTable:
+        if self.aliased is None:
+            self.aliased = aliasing_available(self.device)
+        start = time.perf_counter()
+        table = make_table(self.device, shape, scale, self.aliased)
+        self.seconds += time.perf_counter() - start
+        return table
+
+    def get(
+        self, layer: Any, shape: tuple[int, int, int], own: bool | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The K and V tables of ``layer``: its own where its scales come from the
+        checkpoint (``own``, by default :func:`checkpoint_scales`), else shared."""
+        k, v = layer._k_scale_float, layer._v_scale_float
+        if own is None:
+            own = checkpoint_scales(layer)
+        if own:
+            tables = (self._make(shape, k), self._make(shape, v))
+            self.owners.append(layer)
+            self.owned.append(tables)
+            self._attrs.append(vars(layer))
+            self._k.append(k)
+            self._v.append(v)
+        else:
+            tables = (self._shared(shape, k), self._shared(shape, v))
+        return tables[0].tensor, tables[1].tensor
+
+    def _shared(self, shape: tuple[int, int, int], scale: float) -> AsmScaleTable:
+        table = self.shared.get((shape, scale))
+        if table is None:
+            table = self.shared[(shape, scale)] = self._make(shape, scale)
+        return table
+
+    def follow_reload(self) -> list[Any]:
+        """Refill, in place, the tables of the owning layers whose scales changed since
+        (a weight reload); returns those layers. One comparison of host floats when
+        none did: CUDA graphs captured before keep reading the same tables."""
+        if list(map(_K_FLOAT, self._attrs)) == self._k and (
+            list(map(_V_FLOAT, self._attrs)) == self._v
+        ):
+            return []
+        changed = []
+        for i, attrs in enumerate(self._attrs):
+            k, v = _K_FLOAT(attrs), _V_FLOAT(attrs)
+            if (k, v) != (self._k[i], self._v[i]):
+                self.owned[i][0].fill(k)
+                self.owned[i][1].fill(v)
+                self._k[i], self._v[i] = k, v
+                changed.append(self.owners[i])
+        return changed
+
+    def tables(self) -> list[AsmScaleTable]:
+        return [*self.shared.values(), *(t for pair in self.owned for t in pair)]

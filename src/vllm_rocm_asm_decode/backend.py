@@ -29,7 +29,7 @@ rewrite the metadata first and keep the stock decode.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 import torch
@@ -46,6 +46,7 @@ from vllm.v1.attention.ops import chunked_prefill_paged_decode as stock_ops
 from vllm.v1.kv_cache_interface import AttentionSpec
 
 from . import settings
+from .asm_scale_tables import AsmScaleTables, aliasing_available, checkpoint_scales
 from .core import ASM_PRECISION, asm_decode, use_asm_decode
 from .eligibility import (
     VALIDATED_CONTEXT,
@@ -61,10 +62,8 @@ from .log import logger
 from .mixed import AsmDecodeSplit, asm_split_off, asm_split_reorders, split_asm_decode
 from .scale_tables import (
     TableKey,
-    existing_tables,
     fit_tables,
     mib,
-    scale_tables,
     table_key,
     table_memory,
 )
@@ -106,11 +105,15 @@ class AsmLayerBinding:
     kv_cache: torch.Tensor  # the bound cache these views were made from
     key_cache: torch.Tensor  # [num_blocks, num_kv_heads, head_size/16, 16, 16], fp8
     value_pages: torch.Tensor  # vLLM's V view [num_blocks, num_kv_heads, head_size, 16]
+    #: The scales the tables hold (the layer's ``_k_scale_float``/``_v_scale_float``).
     k_scale: float
     v_scale: float
     k_scale_table: torch.Tensor  # [num_blocks, num_kv_heads, 16], fp32
     v_scale_table: torch.Tensor
     query_dtype: torch.dtype
+    #: The tables are this layer's own (its scales come from the checkpoint and a
+    #: reload refills them); else shared by every layer of the same fixed scale.
+    owns_tables: bool = False
 
     @property
     def scales(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -119,12 +122,27 @@ class AsmLayerBinding:
 
 @dataclass
 class AsmBindings:
-    """The asm bindings of one builder's layers, by layer name."""
+    """The asm bindings of one builder's layers, by layer name, and their tables."""
 
     layers: dict[str, AsmLayerBinding] = field(default_factory=dict)
-    #: Set by ``forward`` when a layer's cache or scales changed since binding: the next
-    #: ``build()`` decides every layer again.
+    tables: AsmScaleTables | None = None
+    #: Set by ``forward`` when a layer's cache or scales changed since binding (and no
+    #: refill followed them): the next ``build()`` decides every layer again.
     stale: bool = False
+
+    def follow_reload(self) -> list[str]:
+        """Refill the tables of the layers whose scales a weight reload changed (in
+        place: captured CUDA graphs read the new scales); returns their names."""
+        if self.tables is None:
+            return []
+        names = []
+        for layer in self.tables.follow_reload():
+            binding = self.layers[layer.layer_name]
+            self.layers[layer.layer_name] = replace(
+                binding, k_scale=layer._k_scale_float, v_scale=layer._v_scale_float
+            )
+            names.append(layer.layer_name)
+        return names
 
 
 @dataclass
@@ -339,6 +357,13 @@ class RocmAsmDecodeMetadataBuilder(RocmAttentionMetadataBuilder):
             return metadata
         if not self.asm_layers_bound or self.asm_bindings.stale:
             self._bind_layers()
+        elif refilled := self.asm_bindings.follow_reload():
+            logger.info(
+                "ROCM_ATTN asm decode: the KV scales of %d layer(s) changed (a weight "
+                "reload); their scale tables were refilled in place, so captured CUDA "
+                "graphs read the new scales",
+                len(refilled),
+            )
         metadata.asm_bindings = self.asm_bindings
         if not self.asm_bindings.layers:
             return metadata
@@ -401,7 +426,7 @@ class RocmAsmDecodeMetadataBuilder(RocmAttentionMetadataBuilder):
                 impls[layer].asm_rejections = ["not decoder self-attention"]
         cache_config = self.vllm_config.cache_config
         model_config = self.vllm_config.model_config
-        self.asm_bindings.layers = decide_layers(
+        self.asm_bindings = decide_layers(
             [(layer, layer.kv_cache) for layer in cached],
             kernel,
             model_config,
@@ -464,13 +489,15 @@ class RocmAsmDecodeMetadataBuilder(RocmAttentionMetadataBuilder):
 def scale_table_keys(
     impl: RocmAttentionImpl, layer: Any, kv_cache: torch.Tensor
 ) -> tuple[TableKey, TableKey]:
-    """The tables a layer's binding will use, shaped as the kernel indexes them: K's
-    block count, KV heads and block size, at the layer's final scales."""
+    """The tables a layer's binding will use, shaped as the kernel indexes them (K's
+    block count, KV heads and block size) at the layer's final scales: its own where
+    its scales come from the checkpoint, else shared with the layers of equal scale."""
     num_blocks, num_kv_heads, _, block_size, _ = split_cache(impl, kv_cache)[0].shape
     shape = (num_blocks, num_kv_heads, block_size)
+    owner = layer.layer_name if checkpoint_scales(layer) else ""
     return (
-        table_key(kv_cache.device, *shape, layer._k_scale_float),
-        table_key(kv_cache.device, *shape, layer._v_scale_float),
+        table_key(kv_cache.device, *shape, layer._k_scale_float, owner),
+        table_key(kv_cache.device, *shape, layer._v_scale_float, owner),
     )
 
 
@@ -479,26 +506,24 @@ def make_binding(
     layer: Any,
     kv_cache: torch.Tensor,
     query_dtype: torch.dtype,
+    tables: AsmScaleTables,
 ) -> AsmLayerBinding:
-    """The views and tables an eligible layer's asm decode reads (allocates its tables
+    """The views and tables an eligible layer's asm decode reads (makes its tables
     when they do not exist yet)."""
     key_cache, value_pages = split_cache(impl, kv_cache)
-    key_cache = key_cache.view(impl.fp8_dtype)
-    value_pages = value_pages.view(impl.fp8_dtype)
-    k_scale, v_scale = float(layer._k_scale_float), float(layer._v_scale_float)
     num_blocks, num_kv_heads, _, block_size, _ = key_cache.shape
-    k_table, v_table = scale_tables(
-        kv_cache.device, num_blocks, num_kv_heads, block_size, k_scale, v_scale
-    )
+    own = checkpoint_scales(layer)
+    k_table, v_table = tables.get(layer, (num_blocks, num_kv_heads, block_size), own)
     return AsmLayerBinding(
         kv_cache=kv_cache,
-        key_cache=key_cache,
-        value_pages=value_pages,
-        k_scale=k_scale,
-        v_scale=v_scale,
+        key_cache=key_cache.view(impl.fp8_dtype),
+        value_pages=value_pages.view(impl.fp8_dtype),
+        k_scale=float(layer._k_scale_float),
+        v_scale=float(layer._v_scale_float),
         k_scale_table=k_table,
         v_scale_table=v_table,
         query_dtype=query_dtype,
+        owns_tables=own,
     )
 
 
@@ -507,15 +532,16 @@ def decide_layers(
     kernel: AsmKernel,
     model_config: ModelConfig,
     memory_fraction: float | None = None,
-) -> dict[str, AsmLayerBinding]:
+) -> AsmBindings:
     """Decide decoder layers (with their bound caches) for asm or HIP; returns the
-    bindings of those bound for asm, by layer name, and leaves every layer's reasons in
+    bindings of those bound for asm, and leaves every layer's reasons in
     ``impl.asm_rejections``.
 
-    Each layer is checked against the rule and the guards; the scale tables of those
-    that pass are budgeted, in layer order, against one memory reading of their device
-    (capped to what ``memory_fraction``, vLLM's ``gpu_memory_utilization``, left
-    unclaimed), and the layers whose tables do not fit keep the HIP decode too.
+    Each layer is checked against the rule and the guards. The tables of those that
+    pass are aliased where the device offers GPU virtual memory; else they are
+    allocated, budgeted in layer order against one memory reading of their device
+    (:func:`~.scale_tables.table_memory`, with ``memory_fraction`` vLLM's
+    ``gpu_memory_utilization``), and the layers whose tables do not fit keep HIP.
     """
     candidates = []
     old_aiter_kept_hip = False
@@ -533,44 +559,57 @@ def decide_layers(
             )
         ) and problem in reasons:
             old_aiter_kept_hip = True
-    bindings: dict[str, AsmLayerBinding] = {}
-    if candidates:
-        device = candidates[0][1].device
-        budget = fit_tables(
-            [scale_table_keys(layer.impl, layer, kv) for layer, kv in candidates],
-            table_memory(device, memory_fraction),
-            existing_tables(),
-        )
-        kv_bytes = sum(
-            {
-                kv.data_ptr(): kv.numel() * kv.element_size() for _, kv in entries
-            }.values()
-        )
-        fitting = sum(budget.fits)
-        logger.info(
-            "ROCM_ATTN asm decode: %d scale table(s) for %d layer(s), %s, %.3f %% of "
-            "their KV cache%s",
-            budget.tables,
-            len(candidates),
-            mib(budget.bytes),
-            100 * budget.bytes / max(kv_bytes, 1),
-            ""
-            if fitting == len(candidates)
-            else f"; {mib(budget.new_bytes)} of them fit for {fitting} layer(s)",
-        )
-        no_room = (
-            f"scale tables that do not fit in the free device memory vLLM left "
-            f"({mib(budget.free or 0)} on {device}, {mib(budget.margin)} kept spare)"
-        )
-        for (layer, kv_cache), fits in zip(candidates, budget.fits, strict=True):
-            if fits:
-                bindings[layer.layer_name] = make_binding(
-                    layer.impl, layer, kv_cache, cast(torch.dtype, model_config.dtype)
-                )
-            else:
-                layer.impl.asm_rejections = [no_room]
     if old_aiter_kept_hip:
         logger.warning_once("ROCM_ATTN asm decode: %s", TRUST_HINT)
+    bindings = AsmBindings()
+    if not candidates:
+        return bindings
+    device = candidates[0][1].device
+    keys = [scale_table_keys(layer.impl, layer, kv) for layer, kv in candidates]
+    aliased = aliasing_available(device)
+    budget = fit_tables(
+        keys, None if aliased else table_memory(device, memory_fraction)
+    )
+    kv_bytes = sum(
+        {kv.data_ptr(): kv.numel() * kv.element_size() for _, kv in entries}.values()
+    )
+    query_dtype = cast(torch.dtype, model_config.dtype)
+    tables = bindings.tables = AsmScaleTables(device, aliased)
+    for (layer, kv_cache), fits in zip(candidates, budget.fits, strict=True):
+        if fits:
+            bindings.layers[layer.layer_name] = make_binding(
+                layer.impl, layer, kv_cache, query_dtype, tables
+            )
+            continue
+        layer.impl.asm_rejections = [
+            "scale tables that do not fit in the device memory vLLM does not "
+            f"count on ({mib(budget.free or 0)} on {device}, {mib(budget.margin)} "
+            "kept spare)"
+        ]
+    made = tables.tables()
+    share = f"{100 * budget.bytes / max(kv_bytes, 1):.3f} % of their KV cache"
+    if aliased:
+        kind = (
+            f"aliased, {mib(sum(t.nbytes for t in made))} of device memory "
+            f"({sum(t.mappings for t in made)} mappings, made in "
+            f"{1e3 * tables.seconds:.1f} ms) where allocated tables would take "
+            f"{mib(budget.bytes)}, {share}"
+        )
+    else:
+        fitting = sum(budget.fits)
+        kind = f"allocated, {mib(budget.bytes)}, {share}" + (
+            ""
+            if fitting == len(candidates)
+            else f"; {mib(budget.new_bytes)} of them fit for {fitting} layer(s)"
+        )
+    logger.info(
+        "ROCM_ATTN asm decode: %d scale table(s) for %d layer(s) (%d with tables of "
+        "their own, refilled in place on a weight reload), %s",
+        budget.tables,
+        len(candidates),
+        len(tables.owners),
+        kind,
+    )
     return bindings
 
 

@@ -1,48 +1,34 @@
-"""Per-slot scale tables for the asm kernel, shared with vLLM's ``ROCM_AITER_FA``.
+"""The plugin's guard on scale-table memory.
 
-The asm kernel reads fp32 dequant scales as dense ``[num_blocks, num_kv_heads,
-block_size]`` tables; vLLM's fp8 cache has one scale per tensor. vLLM's
-``AsmKvScaleTables`` keeps one constant table per distinct (device, shape, scale),
-and this module uses the very instance ``ROCM_AITER_FA``'s builder holds, so every
-layer, builder and backend with equal scales shares one allocation.
+The asm kernel reads fp32 per-slot dequant scales, ``[num_blocks, num_kv_heads,
+block_size]``; vLLM's fp8 cache has one scale per tensor. Tables come from
+:mod:`.asm_scale_tables`: aliased over one chunk of device memory where the driver
+offers virtual memory (a table costs a chunk, 2 MiB on an H200), else allocated in
+full. Layers whose scales come from the checkpoint own a K and a V table, so that a
+weight reload refills theirs in place; layers whose scales are fixed at 1.0 share one.
 
-Tables are allocated after vLLM has sized the KV cache, so they are budgeted first
-(:func:`fit_tables`) against the memory vLLM did not claim (:func:`table_memory`): with
-calibrated per-layer KV scales every layer needs a K and a V table of its own (about 3 %
-of the KV cache), which a high ``--gpu-memory-utilization`` may not leave room for.
-Layers whose tables do not fit keep the HIP decode.
+Allocated tables are budgeted before they are made (:func:`fit_tables`) against memory
+vLLM did not count on for itself (:func:`table_memory`); the layers whose tables do
+not fit keep the HIP decode. Aliased tables need no budget.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
 from .log import logger
 
-if TYPE_CHECKING:
-    from vllm.v1.attention.backends.rocm_aiter_fa import AsmKvScaleTables
-
 #: Device memory kept spare below the budget, for the allocator's rounding and
-#: fragmentation and for other processes on the GPU.
+#: fragmentation.
 MEMORY_MARGIN = 512 * 1024**2
 
-#: A table as ``AsmKvScaleTables`` keys it: (device, num_blocks, num_kv_heads,
-#: block_size, scale). Should vLLM change its key, existing tables are not recognised
-#: and merely counted again (a conservative budget, never a missed allocation).
-TableKey = tuple[str, int, int, int, float]
-
-
-def shared_scale_tables() -> AsmKvScaleTables:
-    """The process-wide table store (``ROCM_AITER_FA``'s builder's class attribute)."""
-    from vllm.v1.attention.backends.rocm_aiter_fa import (
-        AiterFlashAttentionMetadataBuilder,
-    )
-
-    return AiterFlashAttentionMetadataBuilder.asm_kv_scale_tables
+#: A table: (device, num_blocks, num_kv_heads, block_size, scale, owner). ``owner`` is
+#: the layer whose own table it is, or ``""`` for a table shared by every layer of that
+#: fixed scale.
+TableKey = tuple[str, int, int, int, float, str]
 
 
 def table_key(
@@ -51,23 +37,26 @@ def table_key(
     num_kv_heads: int,
     block_size: int,
     scale: float,
+    owner: str = "",
 ) -> TableKey:
-    return (str(device), num_blocks, num_kv_heads, block_size, scale)
+    return (str(device), num_blocks, num_kv_heads, block_size, scale, owner)
 
 
 def table_bytes(key: TableKey) -> int:
-    _, num_blocks, num_kv_heads, block_size, _ = key
+    """What the table would take allocated in full."""
+    _, num_blocks, num_kv_heads, block_size, _, _ = key
     return num_blocks * num_kv_heads * block_size * 4  # fp32
 
 
 def table_memory(
     device: torch.device, claimed_fraction: float | None = None
 ) -> int | None:
-    """Bytes the tables may take on ``device``, from one ``get_memory_info`` reading:
-    the free memory, capped to the share vLLM left unclaimed (``1 -
-    gpu_memory_utilization`` of the total; the rest of the free memory is headroom vLLM
-    counted on for activations and CUDA graphs). None where the device reports no
-    figure (the CPU)."""
+    """Bytes allocated tables may take on ``device``, read once at bind time: what is
+    free on the device (so never what other processes hold) less the part of vLLM's
+    own share (``gpu_memory_utilization`` of the total) this process has not used yet,
+    which vLLM counts on for activations and CUDA graphs. With
+    ``--kv-cache-memory-bytes`` (``claimed_fraction`` None) vLLM counts on all free
+    memory: none. None where the device reports no figure (the CPU)."""
     try:
         free, total = torch.accelerator.get_memory_info(device)
     except Exception as exc:  # not a GPU device, or no GPU runtime
@@ -80,19 +69,24 @@ def table_memory(
             )
         return None
     if claimed_fraction is None:
-        return int(free)
-    return int(min(free, total * (1 - claimed_fraction)))
+        return 0
+    try:
+        ours = torch.accelerator.memory_reserved(device)
+    except Exception:  # counted as nothing of vLLM's share used yet: less room
+        ours = 0
+    headroom = max(0, int(claimed_fraction * total) - ours)
+    return max(0, int(free) - headroom)
 
 
 @dataclass(frozen=True)
 class TableBudget:
     """The tables a set of layers needs, and which layers get theirs."""
 
-    #: Distinct tables the layers need (already allocated ones included).
+    #: Distinct tables the layers need (already made ones included).
     tables: int
-    #: Their bytes.
+    #: What they take allocated in full.
     bytes: int
-    #: Bytes of those not allocated yet.
+    #: Bytes of those not made yet.
     new_bytes: int
     #: Per requesting layer, in order: whether its tables fit.
     fits: list[bool]
@@ -138,28 +132,6 @@ def fit_tables(
         free=free,
         margin=margin,
     )
-
-
-def scale_tables(
-    device: torch.device,
-    num_blocks: int,
-    num_kv_heads: int,
-    block_size: int,
-    k_scale: float,
-    v_scale: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The K and V tables for one layer's per-tensor scales (the floats HIP
-    receives)."""
-    store = shared_scale_tables()
-    return (
-        store.get(device, num_blocks, num_kv_heads, block_size, k_scale),
-        store.get(device, num_blocks, num_kv_heads, block_size, v_scale),
-    )
-
-
-def existing_tables() -> list[TableKey]:
-    """Keys of the tables the shared store already holds."""
-    return list(shared_scale_tables().tables)
 
 
 def mib(num_bytes: int) -> str:

@@ -406,6 +406,7 @@ def load_checkpoint_scales(layer, k_scale: float, v_scale: float) -> None:
 
     method = BaseKVCacheMethod(quant_config=None)  # type: ignore[arg-type]
     method.create_weights(layer)
+    layer.quant_method = method  # as vLLM's Attention does for a quantized model
     layer.k_scale.data.fill_(k_scale)
     layer.v_scale.data.fill_(v_scale)
     method.process_weights_after_loading(layer)

@@ -34,9 +34,27 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .source import Source, UpstreamError
-from .stages import AITER_OPS, KERNEL_TEST, PAGED_DECODE, ROCM_ATTN, STAGES
+from .stages import (
+    AITER_OPS,
+    KERNEL_TEST,
+    NEW_FILES,
+    PAGED_DECODE,
+    ROCM_AITER_FA,
+    ROCM_ATTN,
+    SCALE_TABLES,
+    STAGES,
+)
 
-__all__ = ["AITER_OPS", "KERNEL_TEST", "PAGED_DECODE", "ROCM_ATTN", "STAGES", "UpstreamError"]
+__all__ = [
+    "AITER_OPS",
+    "KERNEL_TEST",
+    "PAGED_DECODE",
+    "ROCM_AITER_FA",
+    "ROCM_ATTN",
+    "SCALE_TABLES",
+    "STAGES",
+    "UpstreamError",
+]
 
 #: vLLM's header.
 SPDX = (
@@ -54,7 +72,8 @@ _TEST_SOURCE = Path(__file__).resolve().parent / "in_tree" / "kernel_test.py"
 def written(stage: int) -> tuple[Path, ...]:
     """Every file stages 1..``stage`` write (edited ones and new ones)."""
     edited = dict.fromkeys(rel for n in range(1, stage + 1) for rel in STAGES[n])
-    return (*edited, KERNEL_TEST)
+    new = dict.fromkeys(rel for n in range(1, stage + 1) for rel in NEW_FILES.get(n, {}))
+    return (*edited, *new, KERNEL_TEST)
 
 
 # --------------------------------------------------------------------------------------
@@ -169,6 +188,9 @@ def changed_files(root: Path, stage: int = DEFAULT_STAGE) -> dict[Path, str]:
                 sources[rel] = Source(rel, _read(path))
             edit(sources[rel])
     files = {rel: src.text for rel, src in sources.items()}
+    for n in range(1, stage + 1):
+        for rel, make in NEW_FILES.get(n, {}).items():
+            files[rel] = make(None)
     files[KERNEL_TEST] = render_kernel_test()
     return files
 

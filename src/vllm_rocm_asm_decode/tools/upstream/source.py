@@ -91,11 +91,19 @@ class Source:
                 f"{self.path}: does not parse ({exc.msg}, line {exc.lineno})"
             ) from None
 
-    def carries(self, block: str, marker: str, scope: ast.AST | None, where: str) -> bool:
-        """Whether ``block`` is already there, as this version writes it. Raises when
-        ``marker`` shows an edit of another version (an older ``upstream``, or a hand
-        edit) in ``scope`` (the module when None), which a rerun must not stack on."""
-        if block in self.text:
+    def carries(
+        self,
+        block: str,
+        marker: str,
+        scope: ast.AST | None,
+        where: str,
+        later: tuple[str, ...] = (),
+    ) -> bool:
+        """Whether ``block`` is already there, as this version writes it (or as a later
+        stage rewrites it: ``later``). Raises when ``marker`` shows an edit of another
+        version (an older ``upstream``, or a hand edit) in ``scope`` (the module when
+        None), which a rerun must not stack on."""
+        if block in self.text or any(text in self.text for text in later):
             return True
         scope_text = self.text if scope is None else self.segment(scope)
         if marker in scope_text:

@@ -7,6 +7,11 @@
 * Stage 2, mixed prefill+decode steps: :mod:`vllm_rocm_asm_decode.mixed` written into
   ``rocm_attn.py``, wired in, and a prefill-only option of
   ``chunked_prefill_paged_decode``.
+* Stage 3, scale-table memory for ``ROCM_AITER_FA`` and ``ROCM_ATTN`` alike:
+  :mod:`vllm_rocm_asm_decode.asm_scale_tables` as a new module both builders call
+  (tables aliased over one chunk of device memory, layers with checkpoint scales
+  owning theirs, refilled in place after a weight reload), in place of
+  ``ROCM_AITER_FA``'s ``AsmKvScaleTables``.
 
 Each stage's wiring is text here; the rule, the decision and the call come from the
 runtime modules, so no clause of the rule is written twice. Each edit is anchored by
@@ -23,6 +28,8 @@ from pathlib import Path
 from .source import Source, UpstreamError
 
 ROCM_ATTN = Path("vllm/v1/attention/backends/rocm_attn.py")
+ROCM_AITER_FA = Path("vllm/v1/attention/backends/rocm_aiter_fa.py")
+SCALE_TABLES = Path("vllm/v1/attention/backends/asm_scale_tables.py")
 AITER_OPS = Path("vllm/_aiter_ops.py")
 PAGED_DECODE = Path("vllm/v1/attention/ops/chunked_prefill_paged_decode.py")
 KERNEL_TEST = Path("tests/kernels/attention/test_rocm_attn_aiter_asm_decode.py")
@@ -127,7 +134,7 @@ _BUILDER_INIT = """\
         )
         self.asm_scales: AsmScales | None = None"""
 
-_BUILDER_BIND = """\
+_BUILDER_BIND = _STAGE_1_BIND = """\
 
     def _bind_asm_decode(self) -> None:
         \"\"\"Map each layer pa_fwd_asm can decode to its per-slot scale tables.\"\"\"
@@ -195,7 +202,9 @@ def stage1_rocm_attn(src: Source) -> None:
         last = init.body[-1]
         src.insert_after_line(last.end_lineno or last.lineno, _BUILDER_INIT)
     init = src.find_def(builder, "__init__")
-    if not src.carries(_BUILDER_BIND, "def _bind_asm_decode", None, builder):
+    if not src.carries(
+        _BUILDER_BIND, "def _bind_asm_decode", None, builder, later=(_STAGE_3_BIND,)
+    ):
         src.insert_after_line(init.end_lineno or init.lineno, _BUILDER_BIND)
 
     build = src.find_def(builder, "build")
@@ -419,8 +428,159 @@ def stage2_paged_decode(src: Source) -> None:
         )
 
 
-#: Each stage's edits, by file.
+# --------------------------------------------------------------------------------------
+# Stage 3
+
+
+_STAGE_3_BIND = """\
+
+    def _bind_asm_decode(self) -> None:
+        \"\"\"Map each layer pa_fwd_asm can decode to its per-slot scale tables.\"\"\"
+        from vllm.platforms.rocm import _GCN_ARCH
+
+        layers = self.vllm_config.compilation_config.static_forward_context
+        self.asm_cut = ASM_HEADS_PER_CU * num_compute_units(self.device.index or 0)
+        self.asm_scales = {}
+        for layer in (layers[name] for name in self.layer_names):
+            reasons = asm_decode_rejections(
+                layer.impl, layer.kv_cache, self.vllm_config.model_config, _GCN_ARCH
+            )
+            if reasons:
+                logger.debug_once("ROCM_ATTN: HIP decode for %s", ", ".join(reasons))
+                continue
+            shape = (layer.kv_cache.shape[0], layer.impl.num_kv_heads, ASM_BLOCK_SIZE)
+            self.asm_scales[layer] = self.asm_tables.get(layer, shape)
+        if self.asm_scales:
+            logger.info_once("ROCM_ATTN: asm decode above %d query heads", self.asm_cut)"""
+
+_TABLES_INIT = """\
+        # Per-slot scale tables for AITER's asm decode, released with this builder.
+        self.asm_tables = AsmScaleTables(device)"""
+
+_FOLLOW_RELOAD = """\
+        # A weight reload sets new KV scales: their tables are refilled in place.
+        self.asm_tables.follow_reload()
+"""
+
+_FA_TABLES_LOOP = """\
+        for layer_name in self.layer_names:
+            layer = attn_layers[layer_name]
+            shape = (layer.kv_cache.shape[0], self.num_heads_kv, self.block_size)
+            k_scale_tables[layer_name], v_scale_tables[layer_name] = (
+                self.asm_tables.get(layer, shape)
+            )"""
+
+_FA_OLD_COMMENT = """\
+        # [num_blocks, num_kv_heads, block_size] scale table per layer. Map each
+        # layer to the shared table for its scale once the KV cache is bound.
+"""
+_FA_COMMENT = """\
+        # [num_blocks, num_kv_heads, block_size] scale table per layer, made once
+        # the KV cache is bound (AsmScaleTables).
+"""
+
+
+def stage3_rocm_attn(src: Source) -> None:
+    src.ensure_import("vllm.v1.attention.backends.asm_scale_tables", "AsmScaleTables")
+    builder = "RocmAttentionMetadataBuilder"
+    init = src.find_def(builder, "__init__")
+    if not src.carries(_TABLES_INIT, "self.asm_tables =", init, f"{builder}.__init__"):
+        last = init.body[-1]
+        src.insert_after_line(last.end_lineno or last.lineno, _TABLES_INIT)
+    bind = src.find_def(builder, "_bind_asm_decode")
+    if not src.carries(_STAGE_3_BIND, "self.asm_tables.get(", bind, f"{builder}.bind"):
+        start = (bind.decorator_list[0] if bind.decorator_list else bind).lineno
+        if "    " + src.segment(bind) not in _STAGE_1_BIND:
+            raise src.moved(f"{builder}._bind_asm_decode is not stage 1's")
+        src.replace_lines(start, bind.end_lineno or start, _STAGE_3_BIND.lstrip("\n"))
+    build = src.find_def(builder, "build")
+    where = f"{builder}.build"
+    if not src.carries(_FOLLOW_RELOAD, "follow_reload", build, where):
+        target = src.statement(build, _metadata_assignment(src, build), where)
+        src.insert_after_line(target.lineno - 1, _FOLLOW_RELOAD.rstrip("\n"))
+
+
+def stage3_rocm_aiter_fa(src: Source) -> None:
+    """``ROCM_AITER_FA``'s tables from the same helper: aliased, per layer where the
+    scales come from the checkpoint, refilled after a reload; ``AsmKvScaleTables`` goes."""
+    src.ensure_import("vllm.v1.attention.backends.asm_scale_tables", "AsmScaleTables")
+    builder = "AiterFlashAttentionMetadataBuilder"
+    where = f"{builder}._build_asm_kv_scale_tables"
+    tables = src.find_def(builder, "_build_asm_kv_scale_tables")
+    if not src.carries(_FA_TABLES_LOOP, "self.asm_tables.get(", tables, where):
+        loop = next(
+            (
+                n
+                for n in tables.body
+                if isinstance(n, ast.For) and ast.unparse(n.iter) == "self.layer_names"
+            ),
+            None,
+        )
+        if loop is None or "self.asm_kv_scale_tables.get(" not in src.segment(loop):
+            raise src.moved(f"{where}: no loop over self.layer_names of asm_kv_scale_tables")
+        src.replace_lines(loop.lineno, loop.end_lineno or loop.lineno, _FA_TABLES_LOOP)
+    # The method's comment: the tables are no longer one shared table per scale.
+    src.text = src.text.replace(_FA_OLD_COMMENT, _FA_COMMENT, 1)
+    tables = src.find_def(builder, "_build_asm_kv_scale_tables")
+    if not src.carries(_FOLLOW_RELOAD, "follow_reload", tables, where):
+        first = next((n for n in tables.body if isinstance(n, ast.If)), None)
+        if first is None:
+            raise src.moved(f"{where}: no early return")
+        src.insert_after_line(src.comment_start(first) - 1, _FOLLOW_RELOAD.rstrip("\n"))
+    init = src.find_def(builder, "__init__")
+    if not src.carries(_TABLES_INIT, "self.asm_tables =", init, f"{builder}.__init__"):
+        last = init.body[-1]
+        src.insert_after_line(last.end_lineno or last.lineno, _TABLES_INIT)
+    # AsmKvScaleTables and the builder's class-wide instance of it are no longer used.
+    cls = src.find(builder)
+    store = next(
+        (
+            n
+            for n in cls.body
+            if isinstance(n, ast.AnnAssign) and ast.unparse(n.target) == "asm_kv_scale_tables"
+        ),
+        None,
+    )
+    if store is not None:
+        lines = src.lines
+        del lines[store.lineno - 1 : store.end_lineno or store.lineno]
+        if not lines[store.lineno - 1].strip() and not lines[store.lineno - 2].strip():
+            del lines[store.lineno - 1]
+        src.text = "\n".join(lines)
+    old = next(
+        (
+            n
+            for n in src.tree().body
+            if isinstance(n, ast.ClassDef) and n.name == "AsmKvScaleTables"
+        ),
+        None,
+    )
+    if old is not None:
+        first = (old.decorator_list[0] if old.decorator_list else old).lineno
+        lines = src.lines
+        del lines[first - 1 : (old.end_lineno or first) + 2]  # and two blank lines
+        src.text = "\n".join(lines)
+    if "field(" not in src.text:
+        src.text = src.text.replace(
+            "from dataclasses import dataclass, field, replace",
+            "from dataclasses import dataclass, replace",
+        )
+
+
+def stage3_scale_tables(text: str | None) -> str:
+    """The new module: the runtime's ``asm_scale_tables.py`` with vLLM's header."""
+    from . import SPDX
+
+    return SPDX + (_RUNTIME_DIR / "asm_scale_tables.py").read_text(encoding="utf-8")
+
+
+#: Each stage's edits, by file (a new file's edit gets None and returns its text).
 STAGES: dict[int, dict[Path, Callable[[Source], None]]] = {
     1: {ROCM_ATTN: stage1_rocm_attn, AITER_OPS: stage1_aiter_ops},
     2: {ROCM_ATTN: stage2_rocm_attn, PAGED_DECODE: stage2_paged_decode},
+    3: {ROCM_ATTN: stage3_rocm_attn, ROCM_AITER_FA: stage3_rocm_aiter_fa},
+}
+#: New files each stage writes, and how.
+NEW_FILES: dict[int, dict[Path, Callable[[str | None], str]]] = {
+    3: {SCALE_TABLES: stage3_scale_tables},
 }
