@@ -130,28 +130,25 @@ def test_a_table_row_without_its_kernel_file_keeps_hip_and_names_the_file(
 
 
 # --------------------------------------------------------------------------------------
-# Scale tables against free memory
-
-
-@pytest.fixture
-def fresh_store(monkeypatch):
-    """An empty shared table store for one test, so earlier tests' tables cost nothing."""
-    monkeypatch.setattr(scale_tables.shared_scale_tables(), "tables", {})
+# Scale tables: aliased where the device offers virtual memory, else allocated within a
+# budget that never takes what vLLM counts on
 
 
 @pytest.fixture
 def device_memory(monkeypatch):
-    """``torch.accelerator.get_memory_info`` answering chosen free and total figures for
-    any device;
-    records every query."""
+    """``torch.accelerator.get_memory_info`` and ``memory_reserved`` answering chosen
+    figures for any device (the CPU has none); records every query."""
     queries: list[object] = []
-    answer = {"free": 0, "total": 192 * 1024**3}
+    answer = {"free": 0, "total": 192 * 1024**3, "reserved": 0}
 
     def get_memory_info(device=None):
         queries.append(device)
         return answer["free"], answer["total"]
 
     monkeypatch.setattr(torch.accelerator, "get_memory_info", get_memory_info)
+    monkeypatch.setattr(
+        torch.accelerator, "memory_reserved", lambda device=None: answer["reserved"]
+    )
     return answer, queries
 
 
@@ -159,33 +156,48 @@ def table_bytes(model) -> int:
     return model.num_blocks * model.num_kv_heads * model.block_size * 4
 
 
-def test_per_layer_scales_that_do_not_fit_keep_hip_never_oom(
-    tmp_path, kernels, plugin_log, fresh_store, device_memory
+def calibrated(tmp_path, num_layers=4, **kw):
+    """Layers with scales from the checkpoint, different per layer: a K and a V table
+    each."""
+    model = harness.build_model(tmp_path, num_layers=num_layers, num_blocks=64, **kw)
+    for i, layer in enumerate(model.layers.values()):
+        harness.load_checkpoint_scales(layer, 0.5 + i / 64, 0.25 + i / 64)
+    return model
+
+
+def bound(model) -> list[bool]:
+    return [model.builder.binding(name) is not None for name in model.names]
+
+
+def test_allocated_tables_that_do_not_fit_keep_hip_never_oom(
+    tmp_path, kernels, plugin_log, device_memory
 ):
+    """gpu_memory_utilization: the budget is the free memory less the part of vLLM's
+    share this process has not used yet (its activation and CUDA-graph headroom)."""
     answer, queries = device_memory
-    scales = [(0.5 + i / 64, 0.25 + i / 64) for i in range(4)]  # calibrated per layer
-    model = harness.build_model(tmp_path, num_layers=4, num_blocks=64, scales=scales)
+    model = calibrated(tmp_path)
     one = table_bytes(model)
-    # Room for two layers' K and V tables above the margin, not three.
-    answer["free"] = scale_tables.MEMORY_MARGIN + 5 * one
+    util = model.vllm_config.cache_config.gpu_memory_utilization
+    answer["reserved"] = int(util * answer["total"]) - 10 * one  # 10 tables of headroom
+    # Free: that headroom, the margin and room for two layers' K and V tables.
+    answer["free"] = 10 * one + scale_tables.MEMORY_MARGIN + 5 * one
     batch = harness.make_batch(model, [40] * 20)
     metadata = model.builder.build(0, batch.common)
-    assert metadata.use_asm_decode
-    bound = [model.builder.binding(name) is not None for name in model.names]
-    assert bound == [True, True, False, False]
-    assert len(scale_tables.shared_scale_tables().tables) == 4  # only what was bound
+    assert metadata.use_asm_decode and bound(model) == [True, True, False, False]
+    budget = scale_tables.MEMORY_MARGIN + 5 * one  # what table_memory leaves
     rejected = model.layers[model.names[2]].impl.asm_rejections
     assert rejected == [
-        "scale tables that do not fit in the free device memory vLLM left "
-        f"({(scale_tables.MEMORY_MARGIN + 5 * one) / 1024**2:.1f} MiB on cpu, 512.0 MiB kept spare)"
+        "scale tables that do not fit in the device memory vLLM does not count on "
+        f"({budget / 1024**2:.1f} MiB on cpu, 512.0 MiB kept spare)"
     ]
     assert any("layers with scale tables that do not fit" in m for m in plugin_log)
     kv = sum(layer.kv_cache.numel() for layer in model.layers.values())  # fp8: 1 byte
     line = [m for m in plugin_log if "scale table(s)" in m]
     assert line == [
-        f"ROCM_ATTN asm decode: 8 scale table(s) for 4 layer(s), "
-        f"{8 * one / 1024**2:.1f} MiB, {100 * 8 * one / kv:.3f} % of their KV cache; "
-        f"{4 * one / 1024**2:.1f} MiB of them fit for 2 layer(s)"
+        "ROCM_ATTN asm decode: 8 scale table(s) for 4 layer(s) (2 with tables of their own, "
+        f"refilled in place on a weight reload), allocated, {8 * one / 1024**2:.1f} MiB, "
+        f"{100 * 8 * one / kv:.3f} % of their KV cache; {4 * one / 1024**2:.1f} MiB of them "
+        "fit for 2 layer(s)"
     ]
     model.builder.build(0, batch.common)
     model.builder.build(0, harness.make_batch(model, [40] * 4).common)
@@ -194,38 +206,84 @@ def test_per_layer_scales_that_do_not_fit_keep_hip_never_oom(
     assert kernels.hip_decode == 1 and len(harness.asm_calls()) == 0
 
 
-def test_equal_scales_need_one_table_whatever_the_layer_count(
-    tmp_path, kernels, plugin_log, fresh_store, device_memory
+def test_memory_another_process_holds_is_never_taken(tmp_path, kernels, device_memory):
+    """The same headroom, with another process on the GPU: free memory shrinks by what it
+    holds; vLLM's headroom is still kept, so no table fits."""
+    answer, _ = device_memory
+    model = calibrated(tmp_path)
+    one = table_bytes(model)
+    util = model.vllm_config.cache_config.gpu_memory_utilization
+    answer["reserved"] = int(util * answer["total"]) - 10 * one
+    answer["free"] = 10 * one + scale_tables.MEMORY_MARGIN + 1  # the rest: the other's
+    model.builder.build(0, harness.make_batch(model, [40] * 20).common)
+    assert bound(model) == [False] * 4
+
+
+def test_with_kv_cache_memory_bytes_the_free_memory_is_vllms(tmp_path, kernels, device_memory):
+    """--kv-cache-memory-bytes: vLLM sizes nothing else and counts on all free memory
+    for activations and CUDA graphs: allocated tables get none of it."""
+    answer, _ = device_memory
+    model = calibrated(tmp_path)
+    model.vllm_config.cache_config.kv_cache_memory_bytes = 2**30
+    model = harness.Model(**{**vars(model), "builder": rebuild(model)})
+    answer["free"] = 100 * 1024**3
+    model.builder.build(0, harness.make_batch(model, [40] * 20).common)
+    assert bound(model) == [False] * 4
+
+
+def rebuild(model):
+    return model.backend.get_builder_cls()(
+        model.spec, model.names, model.vllm_config, torch.device("cpu")
+    )
+
+
+def test_equal_fixed_scales_need_one_table_whatever_the_layer_count(
+    tmp_path, kernels, plugin_log, device_memory
 ):
     answer, _ = device_memory
     model = harness.build_model(tmp_path, num_layers=4, num_blocks=64, scales=[(0.5, 0.5)] * 4)
+    util = model.vllm_config.cache_config.gpu_memory_utilization
+    answer["reserved"] = int(util * answer["total"])
     answer["free"] = scale_tables.MEMORY_MARGIN + table_bytes(model)  # exactly one table
     model.builder.build(0, harness.make_batch(model, [40] * 20).common)
-    assert all(model.builder.binding(name) is not None for name in model.names)
-    assert any("1 scale table(s) for 4 layer(s)" in m for m in plugin_log)
+    assert all(bound(model))
+    assert any(
+        "1 scale table(s) for 4 layer(s) (0 with tables of their own" in m for m in plugin_log
+    )
 
 
-def test_tables_take_only_memory_vllm_did_not_claim(tmp_path, kernels, fresh_store, device_memory):
-    """Free memory beyond 1 - gpu_memory_utilization of the total is headroom vLLM counted
-    on (activations, CUDA graphs): the budget is capped to the unclaimed share."""
-    answer, _ = device_memory
-    scales = [(0.5 + i / 64, 0.25 + i / 64) for i in range(4)]
-    model = harness.build_model(tmp_path, num_layers=4, num_blocks=64, scales=scales)
-    one = table_bytes(model)
-    util = model.vllm_config.cache_config.gpu_memory_utilization
-    answer["free"] = 100 * 1024**3  # plenty free...
-    answer["total"] = int((scale_tables.MEMORY_MARGIN + 3 * one) / (1 - util)) + 1024  # ...
-    model.builder.build(0, harness.make_batch(model, [40] * 20).common)
-    # ...but only margin + 3 tables left unclaimed: one layer's K and V tables fit.
-    assert [model.builder.binding(n) is not None for n in model.names] == [True] + [False] * 3
-
-
-def test_a_device_without_a_memory_figure_skips_the_check(tmp_path, kernels, fresh_store):
+def test_a_device_without_a_memory_figure_skips_the_budget(tmp_path, kernels):
     """On the CPU there is no memory figure: every eligible layer binds."""
     assert scale_tables.table_memory(torch.device("cpu"), 0.9) is None
-    model = harness.build_model(tmp_path, num_layers=3, num_blocks=64, scales=[(0.5, 0.7)] * 3)
+    model = calibrated(tmp_path, num_layers=3)
     model.builder.build(0, harness.make_batch(model, [40] * 20).common)
-    assert all(model.builder.binding(name) is not None for name in model.names)
+    assert all(bound(model))
+
+
+def test_aliased_tables_need_no_budget_and_say_so(tmp_path, kernels, plugin_log, monkeypatch):
+    """Where the device offers virtual memory (GPU only: stood in for here), per-layer
+    tables cost a chunk each and are not budgeted; the log says aliased, and what
+    allocated ones would have taken."""
+    from vllm_rocm_asm_decode import asm_scale_tables, backend
+
+    chunk = 2 * 1024**2
+
+    def fake_alias(device, shape, scale, aliased=True):
+        table = torch.full(shape, scale, dtype=torch.float32)
+        return asm_scale_tables.AsmScaleTable(table, table, True, chunk, 3, scale)
+
+    monkeypatch.setattr(backend, "aliasing_available", lambda device: True)
+    monkeypatch.setattr(asm_scale_tables, "make_table", fake_alias)
+    monkeypatch.setattr(
+        torch.accelerator, "get_memory_info", lambda device=None: pytest.fail("budgeted")
+    )
+    model = calibrated(tmp_path)
+    model.builder.build(0, harness.make_batch(model, [40] * 20).common)
+    assert all(bound(model))
+    (line,) = [m for m in plugin_log if "scale table(s)" in m]
+    assert "8 scale table(s) for 4 layer(s) (4 with tables of their own" in line
+    assert f"aliased, {8 * chunk / 1024**2:.1f} MiB of device memory (24 mappings" in line
+    assert f"where allocated tables would take {8 * table_bytes(model) / 1024**2:.1f} MiB" in line
 
 
 # --------------------------------------------------------------------------------------

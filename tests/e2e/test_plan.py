@@ -65,26 +65,26 @@ def test_batches_cover_vllms_capture_sizes_up_to_512():
 
 
 def test_scale_table_share_is_what_the_backend_allocates(tmp_path, monkeypatch):
-    """plan's figures against the bytes the real backend allocates for a model of the
-    same shape (40 layers, 40/8 heads), for equal and for per-layer checkpoint scales."""
-    from vllm_rocm_asm_decode import scale_tables
-
-    for scales, label in (([(1.0, 1.0)] * 40, "none"), (None, "per-layer")):
-        monkeypatch.setattr(scale_tables.shared_scale_tables(), "tables", {})
-        per_layer = [(0.5 + i / 128, 0.25 + i / 128) for i in range(40)]
-        model = harness.build_model(
-            tmp_path / label, num_layers=40, num_blocks=40, scales=scales or per_layer
-        )
+    """plan's figures against the bytes the real backend allocates (on the CPU: in full)
+    for a model of the same shape (40 layers, 40/8 heads), for fixed scales and for
+    per-layer checkpoint scales."""
+    per_layer = [(0.5 + i / 128, 0.25 + i / 128) for i in range(40)]
+    for label in ("none", "per-layer"):
+        model = harness.build_model(tmp_path / label, num_layers=40, num_blocks=40)
+        if label == "per-layer":
+            for layer, (k, v) in zip(model.layers.values(), per_layer, strict=True):
+                harness.load_checkpoint_scales(layer, k, v)
         model.builder.build(0, harness.make_batch(model, [20] * 16).common)
-        tables = scale_tables.shared_scale_tables().tables.values()
+        tables = [t.tensor for t in model.builder.asm_bindings.tables.tables()]
         allocated = sum(t.numel() * t.element_size() for t in tables)
         kv = sum(layer.kv_cache.numel() for layer in model.layers.values())  # fp8: 1 byte
-        if scales:
+        if label == "none":
             plan = make_plan(gpu="mi355x")  # the qwen3-14b preset: 40 layers, 40/8 heads
         else:
             plan = make_plan(model=write_checkpoint(tmp_path / "ckpt", per_layer, layers=40))
         assert plan.scale_tables == len(tables), label
         assert plan.scale_table_fraction == pytest.approx(allocated / kv), label
+        assert plan.scale_table_aliased_bytes == len(tables) * 2 * 1024**2
 
 
 @pytest.mark.parametrize(
@@ -301,10 +301,12 @@ def test_calibrated_per_layer_scales_cost_two_tables_per_layer(tmp_path):
     assert plan.scale_table_bytes == 12 * 1000 * 8 * 16 * 4
 
 
-def test_equal_checkpoint_scales_share_tables(tmp_path):
+def test_equal_checkpoint_scales_still_own_their_tables(tmp_path):
+    """A reload may change them layer by layer: each layer's tables are its own."""
     plan = make_plan(model=write_checkpoint(tmp_path, [(0.5, 0.25)] * 6), gpu="mi355x")
-    assert plan.kv_scales == "checkpoint" and plan.scale_tables == 2
-    assert plan.scale_table_fraction == pytest.approx(2 * 4 / (6 * 2 * 128))
+    assert plan.kv_scales == "checkpoint" and plan.scale_tables == 12
+    assert plan.scale_table_fraction == pytest.approx(4 / 128)
+    assert plan.scale_table_aliased_bytes == 12 * 2 * 1024**2
 
 
 def test_checkpoint_without_scales_and_unquantized_checkpoints_use_one(tmp_path):
@@ -322,7 +324,8 @@ def test_plan_text_names_tables_scales_and_the_aiter_clause(tmp_path, capsys, mo
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "aiter      AITER 0.1.22: reads every KV block right (fixed in 0.1.17)" in out
-    assert "12 scale table(s), 3.125 % of the KV cache, 5.9 MiB at 1000 blocks" in out
+    assert "12 scale table(s): aliased, about 24 MiB of device memory" in out
+    assert "3.125 % of the KV cache, 5.9 MiB at 1000 blocks" in out
     assert "; KV scales: checkpoint" in out
 
 

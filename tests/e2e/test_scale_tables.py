@@ -1,24 +1,28 @@
-"""Per-slot scale tables: vLLM's shared store, one allocation per distinct scale."""
+"""Per-slot scale tables: one per distinct fixed scale, one per layer where the scales come
+from the checkpoint, refilled in place when a weight reload changes them (the plugin, and
+in-tree from stage 3; before it, ROCM_AITER_FA's shared constant tables)."""
 
 from __future__ import annotations
 
+import gc
+import weakref
+
+import pytest
 import torch
 
 import harness
-from vllm_rocm_asm_decode.scale_tables import shared_scale_tables
+
+#: Where a weight reload is followed: the plugin, and in-tree from stage 3.
+FOLLOWS_RELOAD = harness.STAGE is None or harness.STAGE >= 3
+follows_reload = pytest.mark.skipif(
+    not FOLLOWS_RELOAD, reason="ROCM_AITER_FA's constant tables before stage 3"
+)
 
 
 def bind(model):
     batch = harness.make_batch(model, [20] * 16)
     model.builder.build(0, batch.common)
     return [harness.scale_tables(model.builder, name) for name in model.names]
-
-
-@harness.plugin_only
-def test_store_is_the_one_rocm_aiter_fa_uses():
-    from vllm.v1.attention.backends.rocm_aiter_fa import AiterFlashAttentionMetadataBuilder
-
-    assert shared_scale_tables() is AiterFlashAttentionMetadataBuilder.asm_kv_scale_tables
 
 
 def test_equal_scales_share_one_allocation(tmp_path):
@@ -44,8 +48,8 @@ def test_different_scales_get_their_own_tables(tmp_path):
 
 
 def test_qwen3_14b_shape_costs_at_most_a_tenth_of_a_percent_of_the_kv_cache(tmp_path):
-    """Qwen3-14B: 40 layers, 40 query / 8 KV heads of 128; scales as in its checkpoint
-    (K and V different, equal across layers)."""
+    """Qwen3-14B: 40 layers, 40 query / 8 KV heads of 128; scales fixed (not from a
+    checkpoint), K and V different: two allocated tables in all."""
     model = harness.build_model(
         tmp_path,
         num_layers=40,
@@ -63,3 +67,92 @@ def test_qwen3_14b_shape_costs_at_most_a_tenth_of_a_percent_of_the_kv_cache(tmp_
     share = table_bytes / kv_bytes
     assert len(tables) == 2
     assert share <= 0.001, share
+
+
+def checkpoint_model(tmp_path, scales, num_layers=None):
+    model = harness.build_model(tmp_path, num_layers=num_layers or len(scales), num_blocks=64)
+    for layer, (k, v) in zip(model.layers.values(), scales, strict=True):
+        harness.load_checkpoint_scales(layer, k, v)  # as a quantized checkpoint loads them
+    return model
+
+
+def reload_scales(layer, k: float, v: float) -> None:
+    """What vLLM's ``reload_weights`` leaves behind for an attention layer: the new
+    scales copied into the existing ``_k_scale``/``_v_scale`` tensors (to keep CUDA
+    graph references) and new floats. No forward runs in between."""
+    layer._k_scale.data.copy_(torch.tensor(k))
+    layer._v_scale.data.copy_(torch.tensor(v))
+    layer._k_scale_float, layer._v_scale_float = k, v
+
+
+@follows_reload
+def test_layers_with_checkpoint_scales_own_their_tables(tmp_path):
+    model = checkpoint_model(tmp_path, [(0.5, 0.25)] * 3)
+    bindings = bind(model)
+    assert len({t.data_ptr() for b in bindings for t in b}) == 6  # equal scales, own tables
+    for (k_table, v_table), layer in zip(bindings, model.layers.values(), strict=True):
+        # The final scales vLLM computed (doubled on gfx942's e4m3fnuz).
+        assert torch.all(k_table == layer._k_scale_float)
+        assert torch.all(v_table == layer._v_scale_float)
+
+
+@follows_reload
+def test_a_weight_reload_refills_the_tables_the_captured_step_reads(tmp_path, kernels):
+    """After a reload (no eager forward in between), the next build() refills, in place,
+    the very tensors the earlier step handed the kernel as K_QScale/V_QScale (what a
+    captured CUDA graph holds); the next asm decode matches fp32 at the new scales."""
+    model = checkpoint_model(tmp_path, [(0.5, 0.25), (1.0, 0.5)])
+    first, second = model.names
+    batch = harness.make_batch(model, [40] * 16)
+    harness.fill_context(model, batch)
+    metadata = model.builder.build(0, batch.common)
+    harness.run_layer(model, first, batch, metadata)
+    captured = harness.asm_calls()[-1]
+    k_table, v_table = captured["K_QScale"], captured["V_QScale"]
+    old_second = harness.scale_tables(model.builder, second)
+    layer = model.layers[first]
+    new_k, new_v = 2 * layer._k_scale_float, 4 * layer._v_scale_float
+    reload_scales(layer, new_k, new_v)
+    batch = harness.make_batch(model, [40] * 16, seed=1)
+    harness.fill_context(model, batch)  # the cache holds tokens at the new scales
+    metadata = model.builder.build(0, batch.common)
+    assert metadata.use_asm_decode
+    assert torch.all(k_table == new_k) and torch.all(v_table == new_v)  # refilled in place
+    out = harness.run_layer(model, first, batch, metadata)
+    call = harness.asm_calls()[-1]
+    assert call["K_QScale"] is k_table or call["K_QScale"].data_ptr() == k_table.data_ptr()
+    torch.testing.assert_close(
+        out.float(), harness.reference(model, batch, layer), atol=2e-2, rtol=0
+    )
+    # The other layer's tables are untouched.
+    assert [t.data_ptr() for t in harness.scale_tables(model.builder, second)] == [
+        t.data_ptr() for t in old_second
+    ]
+    assert torch.all(old_second[0] == model.layers[second]._k_scale_float)
+
+
+@follows_reload
+def test_no_reload_no_refill_and_the_check_reads_nothing_on_the_device(tmp_path, monkeypatch):
+    from op_audit import OpRecorder
+
+    monkeypatch.setenv("ASM_DECODE_TEST_NOOP_KERNELS", "1")
+    model = checkpoint_model(tmp_path, [(0.5, 0.25)] * 4)
+    batch = harness.make_batch(model, [40] * 16, contexts=False)
+    model.builder.build(0, batch.common)
+    with OpRecorder() as ops:
+        model.builder.build(0, batch.common)
+    assert ops.ops == [] or (ops.host_reads == [] and ops.allocations == []), ops.ops
+    assert not any("fill" in str(op) for op in ops.ops)
+
+
+@follows_reload
+def test_a_builder_releases_its_tables(tmp_path):
+    """vLLM drops the builders of its CUDA-graph profiling pass: their tables go with
+    them instead of outliving the pass."""
+    model = checkpoint_model(tmp_path, [(0.5, 0.25)] * 2)
+    (k_table, _), _ = bind(model)
+    gone = weakref.ref(k_table.untyped_storage())
+    del k_table
+    model.builder = None
+    gc.collect()
+    assert gone() is None

@@ -9,9 +9,10 @@ from vllm_rocm_asm_decode.scale_tables import fit_tables, table_bytes
 
 BLOCKS = [64, 1000]
 keys = st.builds(
-    lambda blocks, scale: ("cuda:0", blocks, 8, 16, scale),
+    lambda blocks, scale, owner: ("cuda:0", blocks, 8, 16, scale, owner),
     st.sampled_from(BLOCKS),
     st.sampled_from([0.25, 0.5, 1.0, 2.0, 3.0]),
+    st.sampled_from(["", "model.layers.0.self_attn.attn"]),  # shared, or a layer's own
 )
 requests = st.lists(st.tuples(keys, keys), max_size=8)
 

@@ -41,6 +41,11 @@ from .choices import (
 PlanError = InputError
 
 
+#: One aliased table's device memory: a chunk of the GPU's allocation granularity
+#: (2 MiB on the H200 measured; ``benchmarks/scale_table_memory.py`` reads it on yours).
+ALIASED_CHUNK = 2 * 1024**2
+
+
 def default_capture_sizes(max_size: int = 512) -> list[int]:
     """vLLM's default CUDA-graph capture sizes (``VllmConfig._set_cudagraph_sizes``):
     1, 2, 4, then every 8 below 256, then every 16 up to the maximum (512 by default)."""
@@ -91,8 +96,13 @@ class Plan:
     #: (when the decodes lead, the mixed CUDA-graph mode is not FULL and there is no
     #: speculative decoding); None when no layer is eligible.
     mixed_asm_from_decodes: int | None = None
-    #: Bytes of the scale tables at ``num_gpu_blocks`` blocks per layer; None without it.
+    #: Bytes of the scale tables allocated in full at ``num_gpu_blocks`` blocks per
+    #: layer (where the GPU offers no virtual memory); None without it.
     scale_table_bytes: int | None = None
+    #: Device memory of the tables aliased (one chunk each, taken as 2 MiB, the
+    #: allocation granularity of the GPUs measured), as where the GPU offers virtual
+    #: memory.
+    scale_table_aliased_bytes: int = 0
     notes: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
@@ -262,19 +272,30 @@ def plan_layers(
 
 
 def table_count(
-    layers: list[PlanLayer], eligible: list[bool], scales: list[tuple[float, float]]
+    layers: list[PlanLayer],
+    eligible: list[bool],
+    scales: list[tuple[float, float]],
+    from_checkpoint: bool,
 ) -> tuple[int, int]:
-    """Distinct tables the backend's shared store holds for the eligible layers (one per
-    distinct K or V scale), and their bytes per KV cache block: the backend's own
-    counting (:func:`~.scale_tables.fit_tables`) over one-block keys."""
+    """The tables the backend makes for the eligible layers (a K and a V table of their
+    own for each layer whose scales come from the checkpoint, else one per distinct
+    fixed scale), and what they take per KV cache block allocated in full: the backend's
+    own counting (:func:`~.scale_tables.fit_tables`) over one-block keys."""
     from ..scale_tables import fit_tables, table_key
 
     requests = [
         tuple(
-            table_key("plan", 1, layer.impl.num_kv_heads, layer.kv_cache.shape[2], scale)
+            table_key(
+                "plan",
+                1,
+                layer.impl.num_kv_heads,
+                layer.kv_cache.shape[2],
+                scale,
+                str(i) if from_checkpoint else "",
+            )
             for scale in pair
         )
-        for layer, ok, pair in zip(layers, eligible, scales, strict=True)
+        for i, (layer, ok, pair) in enumerate(zip(layers, eligible, scales, strict=True))
         if ok
     ]
     budget = fit_tables(requests, None)
@@ -416,7 +437,9 @@ def make_plan(
         )
     if cut != default_cut(the_gpu.compute_units):
         notes.append(f"cut {describe_cut(the_gpu.compute_units, settings.cut_source())}")
-    tables, table_bytes_per_block = table_count(layers, eligible, scales)
+    tables, table_bytes_per_block = table_count(
+        layers, eligible, scales, scales_source == "checkpoint"
+    )
     return Plan(
         model=label,
         gpu=the_gpu.name,
@@ -455,6 +478,7 @@ def make_plan(
         scale_table_bytes=None
         if num_gpu_blocks is None
         else table_bytes_per_block * num_gpu_blocks,
+        scale_table_aliased_bytes=tables * ALIASED_CHUNK,
         notes=notes,
     )
 
@@ -501,7 +525,9 @@ def render(plan: Plan) -> str:
         )
         lines.append(
             f"asm decode: {plan.eligible_layers} of {plan.num_layers} layers eligible; "
-            f"{plan.scale_tables} scale table(s), {plan.scale_table_fraction * 100:.3f} % of "
+            f"{plan.scale_tables} scale table(s): aliased, about "
+            f"{plan.scale_table_aliased_bytes / 1024**2:.0f} MiB of device memory (GPU virtual "
+            f"memory); allocated where there is none, {plan.scale_table_fraction * 100:.3f} % of "
             f"the KV cache{size}; KV scales: {plan.kv_scales}"
         )
     else:
