@@ -5,8 +5,6 @@
 
 from __future__ import annotations
 
-import os
-import shutil
 import sys
 from pathlib import Path
 
@@ -33,18 +31,36 @@ def installed_vllm() -> Path:
 
 
 def copy_vllm(dest: Path) -> Path:
-    """``dest/vllm``: the installed vLLM's ``.py`` files (and their bytecode, still valid
-    for the unchanged ones) copied, everything else symlinked."""
-    source = installed_vllm()
-    for dirpath, _, files in os.walk(source):
-        rel = Path(dirpath).relative_to(source)
-        target = dest / "vllm" / rel
-        target.mkdir(parents=True, exist_ok=True)
-        for name in files:
-            if name.endswith((".py", ".pyc")):
-                shutil.copy2(Path(dirpath) / name, target / name)
+    """``dest/vllm``: the installed vLLM, every entry linked except the directories on
+    the way to the files ``upstream`` writes, which are real (so it replaces the linked
+    files there by files of its own and never writes into the installed vLLM). Their
+    bytecode caches are real too, with the unchanged modules' bytecode linked."""
+    from vllm_rocm_asm_decode.tools.upstream import written
+    from vllm_rocm_asm_decode.tools.upstream.stages import STAGES
+
+    source = installed_vllm().parent
+    real = {
+        parent
+        for rel in written(max(STAGES))
+        if rel.parts[0] == "vllm"
+        for parent in rel.parents
+        if parent != Path(".")
+    }
+
+    def populate(rel_dir: Path) -> None:
+        (dest / rel_dir).mkdir(parents=True, exist_ok=True)
+        for entry in (source / rel_dir).iterdir():
+            rel = rel_dir / entry.name
+            if rel in real:
+                populate(rel)
+            elif entry.name == "__pycache__":
+                (dest / rel).mkdir()
+                for cached in entry.iterdir():
+                    (dest / rel / cached.name).symlink_to(cached)
             else:
-                (target / name).symlink_to(Path(dirpath) / name)
+                (dest / rel).symlink_to(entry)
+
+    populate(Path("vllm"))
     return dest
 
 

@@ -78,18 +78,24 @@ class Source:
     def __init__(self, path: Path, text: str) -> None:
         self.path = path
         self.text = text
+        self._parsed: tuple[str, ast.Module] | None = None
 
     @property
     def lines(self) -> list[str]:
         return self.text.split("\n")
 
     def tree(self) -> ast.Module:
+        """The text's AST (parsed again only after an edit)."""
+        if self._parsed is not None and self._parsed[0] is self.text:
+            return self._parsed[1]
         try:
-            return ast.parse(self.text)
+            tree = ast.parse(self.text)
         except SyntaxError as exc:
             raise UpstreamError(
                 f"{self.path}: does not parse ({exc.msg}, line {exc.lineno})"
             ) from None
+        self._parsed = (self.text, tree)
+        return tree
 
     def carries(
         self,
