@@ -104,3 +104,46 @@ def test_the_default_probe_reaches_past_4_gib_and_names_both_misreadings():
     # At 64 KiB pages (32 KV heads) the 2 GiB boundary comes first, at block 32768.
     wide = selftest._probe_blocks(70000, 65536)
     assert min(wide) == 32773 and wide[65537] == [(1, "id & 0xFFFF, or byte offset mod 4 GiB")]
+
+
+@pytest.fixture
+def graph_like_replay(monkeypatch):
+    """What a CUDA graph replays, on the CPU: the kernel calls of the captured step again,
+    with the same tensors, and no Python of the backend in between."""
+    import aiter
+
+    def capture(run, out):
+        harness.reset_asm_calls()
+        run()
+        calls = list(harness.asm_calls())
+        assert calls, "the captured step ran no asm kernel"
+
+        def replay():
+            for call in calls:
+                aiter.pa_fwd_asm(**call)
+
+        return replay
+
+    monkeypatch.setattr(selftest, "_replayable", capture)
+
+
+def test_scale_table_probe_passes_and_sees_the_reload(stand_in_aiter, graph_like_replay):
+    stand_in_aiter("0.1.20")
+    check = selftest.scale_table_probe("cpu")
+    assert check.ok, check.detail
+    # On the CPU the tables are allocated (no virtual memory): the probe says which.
+    assert "own K/V tables (allocated in full, 4 tables)" in check.detail
+    assert "after a reload, the step read the refilled tables" in check.detail
+
+
+def test_scale_table_probe_fails_when_a_reload_is_not_followed(
+    stand_in_aiter, graph_like_replay, monkeypatch
+):
+    """Tables that kept the old scale after a reload make the replayed step answer wrong,
+    and the probe sees it (what FULL CUDA graphs did before tables were refilled)."""
+    from vllm_rocm_asm_decode.asm_scale_tables import AsmScaleTables
+
+    stand_in_aiter("0.1.20")
+    monkeypatch.setattr(AsmScaleTables, "follow_reload", lambda self: [])
+    check = selftest.scale_table_probe("cpu")
+    assert not check.ok and "after a reload" in check.detail, check.detail

@@ -230,3 +230,13 @@ def test_mixed_step_splits_decodes_to_asm_and_prefills_to_the_prefill_kernel(tmp
     max_err, mean_err = errors(out[:nd], ref[:nd])
     assert max_err <= ASM_MAX and mean_err <= ASM_MEAN, (max_err, mean_err)
     assert errors(out[nd:], ref[nd:])[0] <= ASM_MAX  # the Triton prefill rows
+
+
+def test_per_layer_scale_tables_are_aliased_and_a_reload_reaches_a_captured_graph():
+    """Two layers with distinct checkpoint scales on aliased tables (one chunk of device
+    memory each); a weight reload between two replays of a captured CUDA graph."""
+    from vllm_rocm_asm_decode.tools.validation import selftest
+
+    check = selftest.scale_table_probe("cuda")
+    assert check.ok, check.detail
+    assert "(aliased," in check.detail and "graph replay read the refilled" in check.detail

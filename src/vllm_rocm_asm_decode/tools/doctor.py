@@ -3,10 +3,12 @@
 It reports the environment the plugin will trust (vLLM's version, AITER's version and
 whether it carries the KV block-id fix of 0.1.17, the GPU, AITER_ASM_DIR and the kernel
 table, the .co files of the rows the plugin would pick, the switches in effect and what
-each does) and checks each. On a gfx942/gfx950 GPU with AITER it then runs a self-test
-of a few seconds through the backend (real vLLM layers, KV cache and builder; about
-9 GB of free GPU memory): asm against fp32 for bf16 and fp16 queries, high KV blocks
-(a pool past 4 GiB of pages), and CUDA-graph padding rows left finite.
+each does, and how scale tables are made on this GPU) and checks each. On a
+gfx942/gfx950 GPU with AITER it then runs a self-test of a few seconds through the
+backend (real vLLM layers, KV cache and builder; about 9 GB of free GPU memory): asm
+against fp32 for bf16 and fp16 queries, high KV blocks (a pool past 4 GiB of pages),
+CUDA-graph padding rows left finite, and per-layer scale tables (aliased where the GPU
+offers virtual memory) refilled after a weight reload between two graph replays.
 
 Exit status: 0 when every check passed, the self-test included; 1 when a check failed;
 2 when the GPU self-test could not run (no gfx942/gfx950 GPU, or no AITER): the
@@ -50,6 +52,9 @@ class Report:
     kernel_files: list[dict[str, Any]]
     settings: list[dict[str, Any]]
     checks: list[Check] = field(default_factory=list)
+    #: How the scale tables are made on this GPU: "aliased" (GPU virtual memory maps one
+    #: chunk over each table) or "allocated"; None without a GPU.
+    scale_tables: str | None = None
     #: "passed", "failed", or "not run: <why>".
     self_test: str = "not run"
     exit_code: int = 2
@@ -243,6 +248,9 @@ def environment() -> Report:
 
     version = installed_version()
     aiter = AiterBuild(version, trusted=_trusted())
+    tables = _scale_tables() if problem is None else None
+    if tables is not None:
+        checks.append(Check("scale-tables", True, tables[1]))
     report = Report(
         vllm_version=vllm_version,
         aiter_installed=find_spec("aiter") is not None,
@@ -254,6 +262,7 @@ def environment() -> Report:
         kernel_files=[],
         settings=switches(),
         checks=checks,
+        scale_tables=tables[0] if tables else None,
     )
     if not report.aiter_installed:
         checks.append(Check("aiter", False, "the aiter package is not installed"))
@@ -305,6 +314,26 @@ def environment() -> Report:
         )
     )
     return report
+
+
+def _scale_tables() -> tuple[str, str]:
+    """How the backend makes scale tables on this GPU, and a sentence on it."""
+    import torch
+
+    from ..asm_scale_tables import aliasing_available, virtual_memory
+
+    vm = virtual_memory()
+    if aliasing_available(torch.device("cuda")):
+        assert vm is not None
+        return "aliased", (
+            f"aliased: one chunk of device memory mapped over each table ({vm.prefix}Mem* "
+            f"from {vm.library})"
+        )
+    why = "no virtual memory library" if vm is None else f"{vm.prefix}Mem* failed here"
+    return "allocated", (
+        f"allocated in full ({why}): calibrated per-layer scales cost 3.125 % of the KV "
+        "cache, within the memory vLLM does not count on"
+    )
 
 
 def _block_id_check(aiter: AiterBuild, probe: Check | None = None) -> Check:
@@ -417,6 +446,7 @@ def render(report: Report) -> str:
         ),
         f"asm dir    {report.asm_dir or '-'}",
         f"table      {report.kernel_table or '-'}",
+        f"tables     {report.scale_tables or '-'}",
     ]
     for row in report.kernel_files:
         state = {True: "installed", False: "MISSING", None: "(built-in table: no file)"}[

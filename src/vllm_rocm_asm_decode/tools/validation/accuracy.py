@@ -116,17 +116,22 @@ def build_case(
 
 
 def asm_path(kernel: Callable[..., torch.Tensor], precision: int, fp8: torch.dtype):
+    """The kernel as the backend calls it, on the scale tables the backend makes (aliased
+    over one chunk where the GPU offers virtual memory)."""
+    from ...asm_scale_tables import make_table
+
     def run(case: Case) -> torch.Tensor:
         kv_heads, blocks = case.key_cache.shape[1], case.key_cache.shape[0]
         dev = case.query.device
+        shape = (blocks, kv_heads, BLOCK)
+        k_table, v_table = make_table(dev, shape, K_SCALE), make_table(dev, shape, V_SCALE)
         out = torch.empty_like(case.query)
         kernel(
             Q=case.query, K=case.key_cache.view(fp8),
             V=case.value_cache.view(fp8).unsqueeze(2),
             block_tables=case.block_table, context_lens=case.seq_lens,
             block_tables_stride0=case.block_table.stride(0),
-            K_QScale=torch.full((blocks, kv_heads, BLOCK), K_SCALE, device=dev),
-            V_QScale=torch.full((blocks, kv_heads, BLOCK), V_SCALE, device=dev),
+            K_QScale=k_table.tensor, V_QScale=v_table.tensor,
             out_=out, high_precision=precision,
         )  # fmt: skip
         return out

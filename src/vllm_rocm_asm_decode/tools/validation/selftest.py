@@ -10,6 +10,10 @@ metadata builder (:mod:`..testbed`), the step the builder decides, ``impl.forwar
 * :func:`padding_probe`: CUDA-graph padding rows (length 0, null block) beside real ones;
   the padding rows must stay finite (a NaN there can reach real tokens through a
   per-tensor dynamic quantization downstream).
+* :func:`scale_table_probe`: two layers with distinct per-layer checkpoint scales on the
+  tables the backend makes (aliased where the GPU offers virtual memory), against fp32;
+  then a weight reload between two replays of a captured CUDA graph, which must read
+  the new scales.
 
 ``doctor`` and ``check accuracy`` run them on a gfx942/gfx950 GPU; the tests run them on
 the CPU against the contract model. Each returns a :class:`Check`.
@@ -85,15 +89,19 @@ def _not_asm(model: testbed.Model) -> str:
 
 @contextlib.contextmanager
 def _one_layer(
-    device: str, heads: tuple[int, int], num_blocks: int, dtype: torch.dtype = torch.bfloat16
+    device: str,
+    heads: tuple[int, int],
+    num_blocks: int,
+    dtype: torch.dtype = torch.bfloat16,
+    num_layers: int = 1,
 ) -> Iterator[testbed.Model]:
-    """A one-layer model (real vLLM layer, KV cache and builder) in a scratch directory."""
+    """A model of real vLLM layers, KV cache and builder in a scratch directory."""
     with tempfile.TemporaryDirectory(prefix="asm-decode-selftest-") as tmp:
         yield testbed.build_model(
             Path(tmp),
             num_heads=heads[0],
             num_kv_heads=heads[1],
-            num_layers=1,
+            num_layers=num_layers,
             num_blocks=num_blocks,
             dtype=str(dtype).removeprefix("torch."),
             device=device,
@@ -262,6 +270,80 @@ def padding_probe(device: str, heads: tuple[int, int] = (40, 8)) -> Check:
     )
 
 
+def _replayable(run, out: torch.Tensor):
+    """``run`` captured in a CUDA graph (warmed up on a side stream), as vLLM's FULL
+    graphs hold a decode step; on the CPU, ``run`` itself."""
+    if not out.is_cuda:
+        return run
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        run()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run()
+    return graph.replay
+
+
+def scale_table_probe(device: str, heads: tuple[int, int] = (40, 8)) -> Check:
+    """Per-layer scale tables, aliased where the GPU offers virtual memory, and a weight
+    reload between two replays of a captured graph."""
+    name = "selftest-scale-tables"
+    n = sequences_above_cut(heads[0])
+    with _one_layer(device, heads, n * 8 + 8, num_layers=2) as model:
+        for i, layer in enumerate(model.layers.values()):
+            testbed.load_checkpoint_scales(layer, 0.5 + i / 4, 1.5 - i / 4)
+        batch = testbed.make_batch(model, [100] * n, seed=4)
+        testbed.fill_context(model, batch)
+        testbed.write_step(model, batch)
+        metadata = model.builder.build(0, batch.common)
+        if not metadata.use_asm_decode:
+            return Check(name, False, _not_asm(model))
+        tables = model.builder.asm_bindings.tables
+        kind = "aliased" if tables.aliased else "allocated in full"
+        errors = []
+        outs = {nm: torch.zeros_like(batch.query) for nm in model.names}
+        for nm, layer in model.layers.items():
+            layer.impl.forward(
+                layer, batch.query, batch.key, batch.value, layer.kv_cache, metadata, outs[nm]
+            )
+            errors.append(_errors(outs[nm], testbed.reference(model, batch, layer))[0])
+        first = model.layers[model.names[0]]
+        out = outs[model.names[0]]
+
+        def step() -> None:
+            first.impl.forward(
+                first, batch.query, batch.key, batch.value, first.kv_cache, metadata, out
+            )
+
+        replay = _replayable(step, out)
+        replay()
+        errors.append(_errors(out, testbed.reference(model, batch, first))[0])
+        # A weight reload: new scales copied into the layer's tensors, new floats; the
+        # cache then holds tokens written at them; the next build refills the tables.
+        k, v = 2 * first._k_scale_float, 2 * first._v_scale_float
+        first._k_scale.data.fill_(k)
+        first._v_scale.data.fill_(v)
+        first._k_scale_float, first._v_scale_float = k, v
+        testbed.fill_context(model, batch)
+        testbed.write_step(model, batch)
+        model.builder.build(0, batch.common)
+        replay()
+        if out.is_cuda:
+            torch.cuda.synchronize()
+        after = _errors(out, testbed.reference(model, batch, first))[0]
+    ok = max(errors) <= MAX_TOL and after <= MAX_TOL
+    replayed = "graph replay" if out.is_cuda else "step"
+    return Check(
+        name,
+        ok,
+        f"2 layers with their own K/V tables ({kind}, {len(tables.tables())} tables): max "
+        f"|error| {max(errors):.4f}; after a reload, the {replayed} read the refilled "
+        f"tables: max |error| {after:.4f} (<= {MAX_TOL})",
+    )
+
+
 def run_all(
     device: str, block_id_heads: tuple[int, int] = (40, 8), block_id_pool: int | None = None
 ) -> list[Check]:
@@ -272,6 +354,7 @@ def run_all(
         ("selftest-accuracy-float16", lambda: accuracy_probe(device, torch.float16)),
         ("selftest-block-id", lambda: block_id_probe(device, block_id_heads, block_id_pool)),
         ("selftest-padding-rows", lambda: padding_probe(device)),
+        ("selftest-scale-tables", lambda: scale_table_probe(device)),
     ]
     checks = []
     for name, probe in probes:
