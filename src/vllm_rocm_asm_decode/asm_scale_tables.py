@@ -320,13 +320,18 @@ class AsmScaleTables:
             table = self.shared[(shape, scale)] = self._make(shape, scale)
         return table
 
+    def changed(self) -> bool:
+        """Whether a reload changed the scales of a layer that owns its tables (one
+        comparison of host floats per layer)."""
+        return list(map(_K_FLOAT, self._attrs)) != self._k or (
+            list(map(_V_FLOAT, self._attrs)) != self._v
+        )
+
     def follow_reload(self) -> list[Any]:
         """Refill, in place, the tables of the owning layers whose scales changed since
-        (a weight reload); returns those layers. One comparison of host floats when
-        none did: CUDA graphs captured before keep reading the same tables."""
-        if list(map(_K_FLOAT, self._attrs)) == self._k and (
-            list(map(_V_FLOAT, self._attrs)) == self._v
-        ):
+        (a weight reload); returns those layers. CUDA graphs captured before keep
+        reading the same tables."""
+        if not self.changed():
             return []
         changed = []
         for i, attrs in enumerate(self._attrs):

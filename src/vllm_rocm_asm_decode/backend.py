@@ -355,9 +355,11 @@ class RocmAsmDecodeMetadataBuilder(RocmAttentionMetadataBuilder):
         metadata = RocmAsmDecodeMetadata(**vars(stock))
         if self.asm_settings is None:
             return metadata
-        if not self.asm_layers_bound or self.asm_bindings.stale:
+        bindings = self.asm_bindings
+        if not self.asm_layers_bound or bindings.stale:
             self._bind_layers()
-        elif refilled := self.asm_bindings.follow_reload():
+        elif bindings.tables is not None and bindings.tables.changed():
+            refilled = bindings.follow_reload()
             logger.info(
                 "ROCM_ATTN asm decode: the KV scales of %d layer(s) changed (a weight "
                 "reload); their scale tables were refilled in place, so captured CUDA "
