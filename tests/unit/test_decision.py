@@ -404,3 +404,20 @@ def test_mixed_split_iff_every_condition_holds(
         assert start <= num_decodes < start + 4  # the prefill views start aligned...
         assert (start * 4) % 16 == 0  # ...at a 16-byte boundary of int32 elements
         assert split.decode_block_table.shape[0] == num_decodes
+
+
+def test_the_signature_check_asks_for_the_keywords_the_call_passes():
+    """The plugin's guard on AITER's signature and the core's call name the same
+    keywords (the call is written once, in core; the guard reads it from there)."""
+    import ast
+    import inspect
+
+    from vllm_rocm_asm_decode import core
+    from vllm_rocm_asm_decode.kernel import REQUIRED_PARAMETERS
+
+    call = next(
+        n
+        for n in ast.walk(ast.parse(inspect.getsource(core.asm_decode)))
+        if isinstance(n, ast.Call) and ast.unparse(n.func).endswith("pa_fwd_asm")
+    )
+    assert sorted(k.arg for k in call.keywords) == sorted(REQUIRED_PARAMETERS)

@@ -137,7 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=1,
         metavar="N",
         help="write stages 1..N of the change (1: the asm decode in rocm_attn.py, the "
-        "first pull request; 2: mixed prefill+decode steps); default 1",
+        "first pull request; 2: mixed prefill+decode steps; 3: scale tables for "
+        "ROCM_AITER_FA and ROCM_ATTN); default 1",
     )
     up.add_argument(
         "--check",

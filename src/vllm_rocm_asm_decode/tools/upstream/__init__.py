@@ -1,16 +1,19 @@
 """Write the asm decode into a vLLM 0.33.x source tree: the in-tree form of the plugin,
-as a stack of pull requests.
+as a stack of three pull requests.
 
 ``vllm-rocm-asm-decode upstream DIR [--stage N]`` writes stages 1..N (default 1) into DIR
-(a vLLM git checkout, or a copy of an installed vLLM's Python files); what each stage
-edits is in :mod:`.stages`:
+(a vLLM git checkout, or a copy of an installed vLLM's Python files):
 
-1. the asm decode inside ``rocm_attn.py`` (:mod:`vllm_rocm_asm_decode.core` as it
-   stands, wired into the metadata, the builder and ``forward``),
+1. the asm decode inside ``vllm/v1/attention/backends/rocm_attn.py`` (the rule, the step
+   decision and the call, wired into the metadata, the builder and ``forward``),
    ``rocm_aiter_ops.pa_fwd_asm(..., high_precision=1)``, and the kernel tests
    ``tests/kernels/attention/test_rocm_attn_aiter_asm_decode.py``;
-2. mixed prefill+decode steps (:mod:`vllm_rocm_asm_decode.mixed`) and a prefill-only
-   option of ``chunked_prefill_paged_decode``.
+2. mixed prefill+decode steps: their decodes on the asm kernel, their prefills through a
+   prefill-only option of ``chunked_prefill_paged_decode``;
+3. scale tables for ``ROCM_AITER_FA`` and ``ROCM_ATTN`` alike: a new module
+   ``vllm/v1/attention/backends/asm_scale_tables.py`` (one chunk of device memory mapped
+   over each table, tables of their own for layers with checkpoint scales, refilled in
+   place after a weight reload), in place of ``AsmKvScaleTables``.
 
 No copy of vLLM's files is stored here: each edit finds its place by name (a class, a
 ``def``, a statement) in the file as it is, and stops with one line naming the anchor
