@@ -11,8 +11,9 @@ an old AITER is trusted only with blocks that are safe under both: ids below 655
 page starts below 2 GiB (:func:`safe_blocks`).
 
 The version is the only proof there is at start-up, so a version that is unknown or
-cannot be parsed counts as unfixed. A build seen reading high blocks right on the GPU
-(a block-id probe) can be trusted explicitly (``AiterBuild.trusted``).
+cannot be parsed counts as unfixed. A build that passed ``doctor``'s self-test on the
+GPU (its block-id probe reads high blocks right, its fp16 probe is accurate) can be
+trusted explicitly (``AiterBuild.trusted``): with every KV block and fp16 queries.
 
 Read once per process, with the kernel (:func:`~.kernel.load_asm_kernel`).
 """
@@ -96,7 +97,8 @@ class AiterBuild:
     """The installed AITER as far as it proves itself."""
 
     version: str | None
-    #: Block ids >= 65536 are trusted whatever the version says.
+    #: This build passed ``doctor`` (``VLLM_ROCM_ASM_DECODE_TRUST_AITER=1``): block ids
+    #: >= 65536 are trusted whatever the version says, and so are fp16 queries.
     trusted: bool = False
 
     @property

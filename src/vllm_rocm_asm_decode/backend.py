@@ -49,6 +49,7 @@ from . import settings
 from .asm_scale_tables import AsmScaleTables, aliasing_available, checkpoint_scales
 from .core import ASM_PRECISION, asm_decode, use_asm_decode
 from .eligibility import (
+    FP16_UNPROVEN,
     VALIDATED_CONTEXT,
     call_uses_asm,
     describe_cut,
@@ -68,10 +69,11 @@ from .scale_tables import (
     table_memory,
 )
 
-#: Logged once when an old AITER keeps layers on HIP: how to lift that.
+#: Logged once when an unproven AITER keeps layers on HIP (high KV blocks on an AITER
+#: before 0.1.17, or fp16 queries): how to lift that.
 TRUST_HINT = (
-    "if `vllm-rocm-asm-decode doctor` passes its block-id probe on this GPU, "
-    f"{settings.TRUST_ENV}=1 lets these caches use the asm decode with this AITER"
+    "if `vllm-rocm-asm-decode doctor` passes its self-test on this GPU, "
+    f"{settings.TRUST_ENV}=1 lets these layers use the asm decode with this AITER"
 )
 
 
@@ -555,11 +557,14 @@ def decide_layers(
         impl.asm_rejections = reasons
         if not reasons:
             candidates.append((layer, kv_cache))
-        elif (
-            problem := kernel.aiter.block_id_problem(
-                kv_cache.shape[0], kv_page_bytes(impl, kv_cache)
+        elif FP16_UNPROVEN in reasons or (
+            (
+                problem := kernel.aiter.block_id_problem(
+                    kv_cache.shape[0], kv_page_bytes(impl, kv_cache)
+                )
             )
-        ) and problem in reasons:
+            and problem in reasons
+        ):
             old_aiter_kept_hip = True
     if old_aiter_kept_hip:
         logger.warning_once("ROCM_ATTN asm decode: %s", TRUST_HINT)

@@ -7,7 +7,11 @@ and, where the core rule passes, the guards':
 * the installed AITER's kernel table (``pa_asm.csv``) has the ultra-precision row the
   launcher would pick, and that row's ``.co`` file is installed (:mod:`.kernel_table`);
 * an AITER before 0.1.17 is kept away from caches of more blocks than it reads right
-  (:mod:`.aiter_version`).
+  (:mod:`.aiter_version`);
+* fp16 queries wait for proof: AITER's own tests run the ultra-precision kernel for bf16
+  queries only (``op_tests/test_pa.py``), and so did every measurement of the original
+  change. ``VLLM_ROCM_ASM_DECODE_TRUST_AITER=1`` (this AITER build passed ``doctor``,
+  whose self-test runs an fp16 probe) admits them, as it admits high KV blocks.
 
 Per step, the cut is the core's ``2 x compute units`` unless
 ``VLLM_ROCM_ASM_DECODE_CUT`` moves it (:func:`resolve_cut`); per call,
@@ -29,6 +33,12 @@ from .kernel_table import KernelTable, dtype_name
 
 if TYPE_CHECKING:
     from vllm.v1.attention.backends.rocm_attn import RocmAttentionImpl
+
+#: Why fp16-query layers keep HIP until this AITER build is trusted.
+FP16_UNPROVEN = (
+    "fp16 queries (AITER's tests run its ultra-precision kernel for bf16 only: trusted "
+    "once doctor's fp16 probe passed on this GPU)"
+)
 
 #: Longest context validated on hardware (passkey retrieval, in the original change's
 #: runs); longer ones, up to the core's ``ASM_MAX_MODEL_LEN``, are unvalidated.
@@ -82,6 +92,8 @@ def guard_reasons(
     problem = aiter.block_id_problem(key_cache.shape[0], kv_page_bytes(impl, kv_cache))
     if problem:
         reasons.append(problem)
+    if model_config.dtype == torch.float16 and not aiter.trusted:
+        reasons.append(FP16_UNPROVEN)
     return reasons
 
 

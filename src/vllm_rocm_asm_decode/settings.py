@@ -7,9 +7,10 @@
 ``VLLM_ROCM_ASM_DECODE_CUT``  Query heads per step above which a pure-decode batch runs
                               the asm kernel. Default: ``2 x compute units`` of the GPU.
 ``VLLM_ROCM_ASM_DECODE_TRUST_AITER``
-                              0 (default) / 1: take the installed AITER as reading every
-                              KV block right whatever its version says (for a build
-                              whose block-id probe ``doctor`` has passed).
+                              0 (default) / 1: this AITER build passed ``doctor``'s
+                              self-test on this GPU: take it as reading every KV block
+                              right whatever its version says, and let fp16-query layers
+                              use its ultra-precision kernel (unproven upstream).
 
 A value that is not understood is an error that names the variable and the value: a
 typo must not silently change which kernel serves traffic. The values accepted are
@@ -59,8 +60,9 @@ def trust_aiter() -> bool:
     return _flag(
         TRUST_ENV,
         False,
-        "1 (trust the installed AITER with every KV block) or 0 (the default: trust "
-        "only AITER 0.1.17 and later with caches past 65536 blocks)",
+        "1 (the installed AITER passed doctor: trust it with every KV block and with "
+        "fp16 queries) or 0 (the default: only AITER 0.1.17 and later with caches past "
+        "65536 blocks, and bf16 queries only)",
     )
 
 

@@ -15,7 +15,7 @@ import harness
 from conftest import ARCH
 from rocm_emulation import COMPUTE_UNITS, KERNEL_STANDIN
 from vllm_rocm_asm_decode import scale_tables
-from vllm_rocm_asm_decode.kernel import current_arch
+from vllm_rocm_asm_decode.kernel import current_arch, load_asm_kernel
 
 pytestmark = harness.plugin_only
 
@@ -123,7 +123,10 @@ def test_a_table_row_without_its_kernel_file_keeps_hip_and_names_the_file(
     reason = f"kernel file {missing} not installed (listed in pa_asm.csv)"
     assert bf16.layers[bf16.names[0]].impl.asm_rejections == [reason]
     assert any(reason in m for m in plugin_log)
-    # fp16 queries take another row, whose file is there.
+    # fp16 queries (trusted: see test_fp16_queries_wait_for_proof) take another row,
+    # whose file is there.
+    monkeypatch.setenv("VLLM_ROCM_ASM_DECODE_TRUST_AITER", "1")
+    load_asm_kernel.cache_clear()
     fp16 = harness.build_model(tmp_path / "fp16", num_layers=1, dtype="float16")
     batch = harness.make_batch(fp16, [40] * 20, dtype=torch.float16)
     assert fp16.builder.build(0, batch.common).use_asm_decode
@@ -321,3 +324,40 @@ def test_standin_hsa_lists_only_installed_files():
         pa = Path(KERNEL_STANDIN) / "aiter" / "hsa" / arch / "pa"
         names = [line.split(",")[8] for line in (pa / "pa_asm.csv").read_text().splitlines()[1:]]
         assert names and all((pa / n).is_file() for n in names)
+
+
+# --------------------------------------------------------------------------------------
+# fp16 queries
+
+
+def test_fp16_queries_wait_for_proof(tmp_path, kernels, plugin_log, aiter_version, monkeypatch):
+    """AITER's tests run the ultra-precision kernel for bf16 queries only: fp16 layers
+    keep HIP, saying why and how to lift it, until the trust switch (this AITER build
+    passed doctor, whose self-test has an fp16 probe) admits them."""
+    from vllm_rocm_asm_decode.eligibility import FP16_UNPROVEN
+
+    aiter_version("0.1.27")  # a fixed AITER: fp16 is the only question
+    model = harness.build_model(tmp_path / "default", num_layers=1, dtype="float16")
+    batch = harness.make_batch(model, [40] * 16, dtype=torch.float16)
+    harness.fill_context(model, batch)
+    metadata = model.builder.build(0, batch.common)
+    assert not metadata.use_asm_decode
+    assert model.layers[model.names[0]].impl.asm_rejections == [FP16_UNPROVEN]
+    assert harness.kept_on_hip(plugin_log, "fp16 queries")
+    assert any("VLLM_ROCM_ASM_DECODE_TRUST_AITER=1" in m for m in plugin_log)
+    out = harness.run_layer(model, model.names[0], batch, metadata)
+    assert harness.asm_calls() == [] and kernels.hip_decode == 1
+    monkeypatch.setenv("VLLM_ROCM_ASM_DECODE_TRUST_AITER", "1")
+    load_asm_kernel.cache_clear()
+    trusted = harness.build_model(tmp_path / "trusted", num_layers=1, dtype="float16")
+    harness.fill_context(trusted, batch)
+    metadata = trusted.builder.build(0, batch.common)
+    assert metadata.use_asm_decode
+    out = harness.run_layer(trusted, trusted.names[0], batch, metadata)
+    ref = harness.reference(trusted, batch, trusted.layers[trusted.names[0]])
+    torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=0)
+    # bf16 needs no trust.
+    monkeypatch.delenv("VLLM_ROCM_ASM_DECODE_TRUST_AITER")
+    load_asm_kernel.cache_clear()
+    bf16 = harness.build_model(tmp_path / "bf16", num_layers=1)
+    assert bf16.builder.build(0, harness.make_batch(bf16, [40] * 16).common).use_asm_decode

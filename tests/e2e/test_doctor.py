@@ -146,7 +146,19 @@ def test_self_test_passes_on_a_sound_fixed_aiter(aiter_version, gpu_here):
         "selftest-accuracy-float16",
         "selftest-block-id",
         "selftest-padding-rows",
+        "selftest-scale-tables",
     } <= set(by_name)
+    # The fp16 probe ran (trusted for its own run) and passed: the switch is cleared.
+    fp16 = by_name["fp16-queries"]
+    assert fp16.ok and "the fp16 probe passed on this GPU" in fp16.detail
+    assert "VLLM_ROCM_ASM_DECODE_TRUST_AITER=1 lets fp16 models" in fp16.detail
+
+
+def test_fp16_is_named_unproven_until_the_probe_runs(aiter_version, capsys):
+    aiter_version("0.1.20")
+    _, report = doctor_json(capsys)
+    fp16 = checks(report)["fp16-queries"]
+    assert fp16["ok"] and "fp16 queries keep the HIP decode" in fp16["detail"]
 
 
 def test_self_test_on_an_old_aiter_fails_the_probe_and_exits_1(aiter_version, gpu_here):
@@ -191,6 +203,8 @@ def test_trust_without_a_passed_probe_is_flagged(aiter_version, monkeypatch, cap
     check = checks(report)["aiter-block-id-fix"]
     assert not check["ok"] and "is trusted with every KV block" in check["detail"]
     assert "no block-id probe has passed here" in check["detail"]
+    fp16 = checks(report)["fp16-queries"]
+    assert not fp16["ok"] and "no fp16 probe has passed here" in fp16["detail"]
 
 
 def test_every_bad_setting_is_named(aiter_version, monkeypatch, capsys):

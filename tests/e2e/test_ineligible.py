@@ -53,7 +53,11 @@ def test_ineligible_layer_keeps_stock_path_and_says_why(
     assert harness.kept_on_hip(plugin_log, reason), plugin_log
 
 
-def test_fp16_model_is_eligible(tmp_path, kernels):
+def test_fp16_model_is_eligible(tmp_path, kernels, monkeypatch):
+    """In-tree, as in the original change; in the plugin once trusted (its fp16 guard:
+    tests/e2e/test_aiter_trust.py::test_fp16_queries_wait_for_proof)."""
+    if not harness.IN_TREE:
+        monkeypatch.setenv("VLLM_ROCM_ASM_DECODE_TRUST_AITER", "1")
     model = harness.build_model(tmp_path, num_layers=1, dtype="float16")
     batch = harness.make_batch(model, [40] * 16, dtype=torch.float16)
     harness.fill_context(model, batch)

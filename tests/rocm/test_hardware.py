@@ -54,9 +54,11 @@ def errors(out, ref):
 @pytest.mark.parametrize("seed", [0, 1, 2])
 @pytest.mark.parametrize(("heads", "kvh"), LAYOUTS, ids=[f"{h}-{k}" for h, k in LAYOUTS])
 def test_asm_through_the_backend_matches_reference_and_contract_model(
-    tmp_path, heads, kvh, seed, dtype
+    tmp_path, heads, kvh, seed, dtype, monkeypatch
 ):
-    """bf16 and fp16 queries at high_precision=2 (AITER's own tests run Hp=2 for bf16 only)."""
+    """bf16 and fp16 queries at high_precision=2 (AITER's own tests run Hp=2 for bf16
+    only, so the plugin lets fp16 layers use it once trusted: this is such a proof)."""
+    monkeypatch.setenv("VLLM_ROCM_ASM_DECODE_TRUST_AITER", "1")
     from vllm_rocm_asm_decode.kernel import current_arch, load_asm_kernel
     from vllm_rocm_asm_decode.tools.contract_model import PagedAttentionAsmModel
 

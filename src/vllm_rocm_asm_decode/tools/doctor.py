@@ -11,8 +11,9 @@ CUDA-graph padding rows left finite, and per-layer scale tables (aliased where t
 offers virtual memory) refilled after a weight reload between two graph replays.
 
 Exit status: 0 when every check passed, the self-test included; 1 when a check failed;
-2 when the GPU self-test could not run (no gfx942/gfx950 GPU, or no AITER): the
-environment part is still reported.
+2 when the GPU self-test could not run (no gfx942/gfx950 GPU, or no AITER), whether or
+not a check of the environment failed: that part is still reported, FAIL lines
+included.
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ ENTRY_POINT = settings.ENTRY_POINT
 EXIT_MEANINGS = {
     0: "every check passed, the GPU self-test included",
     1: "a check failed (see FAIL above)",
-    2: "the GPU self-test could not run here; the environment is reported above",
+    2: "the GPU self-test could not run here (whatever the checks above say: FAIL "
+    "lines name what else is wrong)",
 }
 #: The GQA ratios the shipped ultra-precision kernels serve (each rounds up to 8).
 GQA_RATIOS = range(1, 9)
@@ -288,6 +290,7 @@ def environment() -> Report:
         )
     )
     checks.append(_block_id_check(aiter))
+    checks.append(_fp16_check(aiter))
     if kernel is None:
         return report
     report.kernel_table = kernel.table.source
@@ -366,6 +369,31 @@ def _block_id_check(aiter: AiterBuild, probe: Check | None = None) -> Check:
     return Check("aiter-block-id-fix", False, limit)
 
 
+def _fp16_check(aiter: AiterBuild, probe: Check | None = None) -> Check:
+    """Whether fp16-query models can use the asm decode with this AITER, and why."""
+    unproven = (
+        "fp16 queries keep the HIP decode: AITER's tests run its ultra-precision kernel "
+        "for bf16 only"
+    )
+    if probe is not None and not probe.ok:
+        return Check("fp16-queries", False, f"{unproven}; the fp16 probe failed here")
+    if probe is not None:
+        state = "(set) lets" if aiter.trusted else "lets"
+        return Check(
+            "fp16-queries",
+            True,
+            f"the fp16 probe passed on this GPU: {settings.TRUST_ENV}=1 {state} fp16 "
+            "models use the asm decode with this AITER",
+        )
+    if aiter.trusted:
+        return Check(
+            "fp16-queries",
+            False,
+            f"fp16 queries are trusted ({settings.TRUST_ENV}=1) but no fp16 probe has passed here",
+        )
+    return Check("fp16-queries", True, f"{unproven} (bf16 models are unaffected)")
+
+
 def _trusted() -> bool:
     try:
         return settings.trust_aiter()
@@ -408,9 +436,14 @@ def self_test(
     register_backend(AttentionBackendEnum.ROCM_ATTN, BACKEND_PATH)
     probes = selftest.run_all(device, block_id_heads, block_id_pool)
     block_probe = next(c for c in probes if c.name == "selftest-block-id")
+    fp16_probe = next(c for c in probes if c.name == "selftest-accuracy-float16")
     aiter = AiterBuild(report.aiter_version, trusted=_trusted())
     report.checks = [
-        _block_id_check(aiter, block_probe) if c.name == "aiter-block-id-fix" else c
+        _block_id_check(aiter, block_probe)
+        if c.name == "aiter-block-id-fix"
+        else _fp16_check(aiter, fp16_probe)
+        if c.name == "fp16-queries"
+        else c
         for c in report.checks
     ] + probes
     report.self_test = "passed" if all(c.ok for c in probes) else "failed"

@@ -110,7 +110,8 @@ def _one_layer(
 
 @contextlib.contextmanager
 def _trusting_aiter() -> Iterator[None]:
-    """Let a pool past 65536 blocks reach the kernel, to see what the kernel does there."""
+    """Let what the plugin trusts only once proven (a pool past 65536 blocks, fp16
+    queries) reach the kernel, to see what the kernel does there."""
     from ...kernel import load_asm_kernel
 
     old = os.environ.get(settings.TRUST_ENV)
@@ -129,14 +130,16 @@ def _trusting_aiter() -> Iterator[None]:
 def accuracy_probe(
     device: str, dtype: torch.dtype = torch.bfloat16, heads: tuple[int, int] = (40, 8)
 ) -> Check:
-    """A decode batch above the cut, contexts 1..4000, against fp32."""
+    """A decode batch above the cut, contexts 1..4000, against fp32 (fp16 queries with the
+    trust switch on: this probe is the proof it asks for)."""
     name = f"selftest-accuracy-{str(dtype).removeprefix('torch.')}"
     num_heads, num_kv_heads = heads
     contexts = ACCURACY_CONTEXTS
     n = max(sequences_above_cut(num_heads), len(contexts))
     seq_lens = [contexts[i % len(contexts)] for i in range(n)]
     num_blocks = sum(-(-s // 16) for s in seq_lens) + 8
-    with _one_layer(device, heads, num_blocks, dtype) as model:
+    trust = _trusting_aiter() if dtype == torch.float16 else contextlib.nullcontext()
+    with trust, _one_layer(device, heads, num_blocks, dtype) as model:
         batch = testbed.make_batch(model, seq_lens, dtype=dtype, seed=1)
         testbed.fill_context(model, batch)
         out = torch.zeros_like(batch.query)
