@@ -33,7 +33,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 import torch
-from vllm.config import ModelConfig, VllmConfig, get_layers_from_vllm_config
+from vllm.config import (
+    CUDAGraphMode,
+    ModelConfig,
+    VllmConfig,
+    get_layers_from_vllm_config,
+)
 from vllm.model_executor.layers.attention import Attention
 from vllm.v1.attention.backend import AttentionType, CommonAttentionMetadata
 from vllm.v1.attention.backends.rocm_attn import (
@@ -481,6 +486,16 @@ class RocmAsmDecodeMetadataBuilder(RocmAttentionMetadataBuilder):
             ASM_PRECISION,
             mixed,
         )
+        compilation = self.vllm_config.compilation_config
+        if bound and compilation.cudagraph_mode == CUDAGraphMode.FULL:
+            logger.warning_once(
+                "ROCM_ATTN asm decode: cudagraph_mode=FULL captures every graph as a "
+                "mixed batch, so the captured graphs hold the HIP decode and asm runs "
+                "only on eager decode steps past the largest capture size (%s); "
+                "FULL_AND_PIECEWISE (vLLM's default) or FULL_DECODE_ONLY capture "
+                "pure-decode graphs on asm",
+                compilation.max_cudagraph_capture_size,
+            )
         if bound and max_model_len > VALIDATED_CONTEXT:
             logger.info_once(
                 "ROCM_ATTN asm decode: contexts above %d tokens (max_model_len %d) are "

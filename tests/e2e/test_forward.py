@@ -265,3 +265,55 @@ def test_the_bindings_live_with_the_builder_not_the_layer(tmp_path, kernels):
         layer.kv_cache = torch.tensor([])
     gc.collect()
     assert cache() is None
+
+
+def full_capture_batch(model, num_tokens: int, max_num_seqs: int = 256):
+    """The dummy batch vLLM's V1 runner captures a graph from when the mode is not a
+    uniform-decode one (``cudagraph_mode=FULL``): the tokens spread over at most
+    ``max_num_seqs`` requests, and ``max_query_len`` the whole token count."""
+    num_reqs = min(num_tokens, max_num_seqs)
+    query_lens = [num_tokens // num_reqs] * num_reqs
+    query_lens[-1] += num_tokens % num_reqs
+    seq_lens = [q + 15 for q in query_lens]
+    batch = harness.make_batch(model, seq_lens, query_lens, contexts=False)
+    return dataclasses.replace(batch.common, max_query_len=num_tokens)
+
+
+@pytest.mark.parametrize("mode", ["FULL", "FULL_AND_PIECEWISE"])
+def test_under_full_cudagraph_mode_no_captured_graph_holds_asm(tmp_path, kernels, mode):
+    """vLLM captures FULL graphs from mixed-looking dummy batches: every capture size
+    decides HIP (the asm decode then runs only on eager steps past the largest size).
+    FULL_AND_PIECEWISE captures its decode graphs as uniform decodes: asm above the cut."""
+    from vllm.config import CUDAGraphMode
+
+    model = harness.build_model(tmp_path, num_layers=1, num_blocks=600)
+    model.vllm_config.compilation_config.cudagraph_mode = CUDAGraphMode[mode]
+    sizes = [1, 2, 4, *range(8, 256, 8), *range(256, 513, 16)]
+    uniform = mode != "FULL"
+    cut = 2 * COMPUTE_UNITS[ARCH]
+    decided = {}
+    for n in sizes:
+        if uniform:
+            common = harness.make_batch(model, [16] * n, contexts=False).common
+        else:
+            common = full_capture_batch(model, n)
+        decided[n] = model.builder.build_for_cudagraph_capture(common).use_asm_decode
+    assert decided == {n: uniform and n * 40 > cut for n in sizes}
+    assert any(decided.values()) is uniform
+
+
+@harness.plugin_only
+@pytest.mark.parametrize("mode", ["FULL", "FULL_AND_PIECEWISE", "FULL_DECODE_ONLY"])
+def test_the_start_up_line_says_what_full_mode_captures(tmp_path, kernels, plugin_log, mode):
+    from vllm.config import CUDAGraphMode
+
+    model = harness.build_model(tmp_path, num_layers=1)
+    model.vllm_config.compilation_config.cudagraph_mode = CUDAGraphMode[mode]
+    model.builder.build(0, harness.make_batch(model, [40] * 4, contexts=False).common)
+    full = [m for m in plugin_log if "cudagraph_mode=FULL " in m]
+    if mode == "FULL":
+        assert len(full) == 1
+        assert "eager decode steps past the largest capture size" in full[0]
+        assert "FULL_AND_PIECEWISE" in full[0]
+    else:
+        assert full == []

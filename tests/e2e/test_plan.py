@@ -536,3 +536,38 @@ def test_real_model_families_are_refused_for_what_their_attention_does(tmp_path,
     (tmp_path / "config.json").write_text(json.dumps(base | config))
     plan = make_plan(model=str(tmp_path), gpu="mi355x")
     assert plan.reasons == reasons
+
+
+@pytest.mark.parametrize(
+    ("mode", "first_asm", "mixed_from"),
+    [
+        ("FULL_AND_PIECEWISE", 16, 13),
+        ("FULL_DECODE_ONLY", 16, 13),
+        ("PIECEWISE", 16, 13),
+        ("NONE", 16, 13),
+        ("FULL", None, None),
+    ],
+)
+def test_cudagraph_mode_decides_what_the_captured_graphs_hold(mode, first_asm, mixed_from):
+    """Qwen3-14B on MI355X: 40 heads, cut 512. FULL captures no graph on asm and keeps
+    mixed steps whole; every other mode runs asm from 16 sequences and splits mixed
+    steps from 13 leading decodes (13 x 40 = 520 > 512)."""
+    plan = make_plan(model="qwen3-14b-fp8", gpu="mi355x", cudagraph_mode=mode)
+    sizes = asm_sizes(plan)
+    assert (sizes[0] if sizes else None) == first_asm
+    assert plan.mixed_asm_from_decodes == mixed_from
+    full_note = [n for n in plan.notes if n.startswith("cudagraph_mode FULL")]
+    assert len(full_note) == (mode == "FULL")
+
+
+def test_full_mode_in_text_and_json(capsys):
+    assert main(["plan", "--gpu", "mi355x", "--cudagraph-mode", "full"]) == 0
+    text = capsys.readouterr().out
+    assert "(cudagraph_mode FULL)" in text
+    assert "prefill+decode steps stay whole on HIP under cudagraph_mode FULL" in text
+    assert "asm runs only on eager pure-decode steps of more than 512 sequences" in text
+    assert main(["plan", "--gpu", "mi355x", "--cudagraph-mode", "FULL", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["cudagraph_mode"] == "FULL"
+    assert {b["kernel"] for b in out["batches"]} == {"hip"}
+    assert out["mixed_asm_from_decodes"] is None

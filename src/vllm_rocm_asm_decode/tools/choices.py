@@ -45,6 +45,9 @@ HEAD_COUNT_KEYS = ("num_attention_heads", "n_head", "num_heads", "n_heads")
 MAX_CONTEXT = 131072
 #: The GQA ratios the shipped ultra-precision kernels serve.
 MAX_GQA = 8
+#: vLLM's ``CUDAGraphMode`` names ``plan --cudagraph-mode`` takes; the first is vLLM's
+#: default.
+CUDAGRAPH_MODES = ("FULL_AND_PIECEWISE", "FULL_DECODE_ONLY", "FULL", "PIECEWISE", "NONE")
 
 
 class InputError(ValueError):
@@ -145,6 +148,13 @@ def dtype(text: str) -> str:
     if text not in DTYPES:
         raise argparse.ArgumentTypeError(f"{text!r} is not one of " + ", ".join(DTYPES))
     return DTYPES[text]
+
+
+def cudagraph_mode(text: str) -> str:
+    mode = text.strip().upper()
+    if mode not in CUDAGRAPH_MODES:
+        raise argparse.ArgumentTypeError(f"{text!r} is not one of " + ", ".join(CUDAGRAPH_MODES))
+    return mode
 
 
 def int_list(text: str, minimum: int = 1, maximum: int | None = None) -> list[int]:

@@ -115,6 +115,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="KV cache blocks per layer (the '# GPU blocks' vLLM logs at start-up): decides "
         "the AITER block-id clause and sizes the scale tables",
     )
+    plan.add_argument(
+        "--cudagraph-mode",
+        type=choices.cudagraph_mode,
+        default=choices.CUDAGRAPH_MODES[0],
+        metavar="|".join(choices.CUDAGRAPH_MODES),
+        help="vLLM's compilation_config cudagraph_mode (default FULL_AND_PIECEWISE, "
+        "vLLM's); under FULL every captured graph holds the HIP decode",
+    )
     plan.add_argument("--json", action="store_true", help="print one JSON object")
 
     doc = _documented_parser(
@@ -408,6 +416,7 @@ def _plan(args: argparse.Namespace) -> int:
             max_model_len=args.max_model_len,
             aiter_version=aiter_version,
             num_gpu_blocks=args.num_gpu_blocks,
+            cudagraph_mode=args.cudagraph_mode,
         )
     except (choices.InputError, SettingError) as exc:
         print(f"{PROG} plan: error: {exc}", file=sys.stderr)

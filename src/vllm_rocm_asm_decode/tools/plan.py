@@ -92,9 +92,11 @@ class Plan:
     num_gpu_blocks: int | None
     #: What the AITER version means for this deployment, as a sentence.
     block_id_clause: str
+    #: vLLM's cudagraph_mode the batch table is for.
+    cudagraph_mode: str = "FULL_AND_PIECEWISE"
     #: Decode requests from which a mixed prefill+decode step runs its decode part on asm
-    #: (when the decodes lead, the mixed CUDA-graph mode is not FULL and there is no
-    #: speculative decoding); None when no layer is eligible.
+    #: (when the decodes lead and there is no speculative decoding); None when no layer
+    #: is eligible or under cudagraph_mode FULL (mixed steps replay FULL graphs whole).
     mixed_asm_from_decodes: int | None = None
     #: Bytes of the scale tables allocated in full at ``num_gpu_blocks`` blocks per
     #: layer (where the GPU offers no virtual memory); None without it.
@@ -389,6 +391,7 @@ def make_plan(
     max_model_len: int | None = None,
     aiter_version: str | None = "installed",
     num_gpu_blocks: int | None = None,
+    cudagraph_mode: str = "FULL_AND_PIECEWISE",
 ) -> Plan:
     """The plan; ``aiter_version="installed"`` reads the installed AITER's (None: unknown)."""
     model_dir, label = resolve_model_dir(model)
@@ -425,11 +428,23 @@ def make_plan(
         step = SimpleNamespace(max_query_len=1, num_reqs=num_seqs, num_actual_tokens=num_seqs)
         return "asm" if any_eligible and use_asm_decode(step, heads, cut) else "hip"  # type: ignore[arg-type]
 
+    sizes = default_capture_sizes()
+    # FULL captures each graph from a batch whose max_query_len is its token count (a
+    # mixed-looking batch), so the captured decode is HIP; the other modes capture
+    # pure decodes as uniform decodes, or run attention outside the graph.
+    full = cudagraph_mode == "FULL"
     batches = [
-        {"num_seqs": n, "query_heads": n * heads, "kernel": kernel(n)}
-        for n in default_capture_sizes()
+        {"num_seqs": n, "query_heads": n * heads, "kernel": "hip" if full else kernel(n)}
+        for n in sizes
     ]
     notes = []
+    if full and any_eligible:
+        notes.append(
+            "cudagraph_mode FULL captures every graph as a mixed batch: the captured "
+            f"graphs (up to {sizes[-1]} sequences) hold the HIP decode, and asm runs only on "
+            f"eager pure-decode steps of more than {sizes[-1]} sequences; FULL_AND_PIECEWISE "
+            "(vLLM's default) or FULL_DECODE_ONLY capture the decode graphs on asm"
+        )
     if any_eligible and model_config.max_model_len > VALIDATED_CONTEXT:
         notes.append(
             f"max_model_len {model_config.max_model_len}: contexts above "
@@ -474,11 +489,12 @@ def make_plan(
         block_id_clause=block_id_sentence(
             aiter, num_gpu_blocks, kv_page_bytes(first.impl, first.kv_cache)
         ),
-        mixed_asm_from_decodes=cut // heads + 1 if any_eligible else None,
+        mixed_asm_from_decodes=cut // heads + 1 if any_eligible and not full else None,
         scale_table_bytes=None
         if num_gpu_blocks is None
         else table_bytes_per_block * num_gpu_blocks,
         scale_table_aliased_bytes=tables * ALIASED_CHUNK,
+        cudagraph_mode=cudagraph_mode,
         notes=notes,
     )
 
@@ -510,10 +526,12 @@ def render(plan: Plan) -> str:
         "mixed      "
         + (
             "no layer is eligible"
+            if not plan.eligible
+            else "prefill+decode steps stay whole on HIP under cudagraph_mode FULL"
             if plan.mixed_asm_from_decodes is None
             else f"a prefill+decode step runs its decode part on asm from "
-            f"{plan.mixed_asm_from_decodes} decode requests on (not with cudagraph_mode FULL "
-            "for mixed steps, nor with speculative decoding)"
+            f"{plan.mixed_asm_from_decodes} decode requests on (not with speculative "
+            "decoding)"
         ),
         "",
     ]
@@ -537,6 +555,10 @@ def render(plan: Plan) -> str:
             what = "asm" if g.eligible else "HIP: " + "; ".join(g.reasons)
             lines.append(f"  layers {_ranges(g.layers)}: {what}")
     lines += [f"note: {n}" for n in plan.notes]
-    lines += ["", "decode kernel at vLLM's CUDA-graph batch sizes:", "  seqs  query heads  kernel"]
+    lines += [
+        "",
+        f"decode kernel at vLLM's CUDA-graph batch sizes (cudagraph_mode {plan.cudagraph_mode}):",
+        "  seqs  query heads  kernel",
+    ]
     lines += [f"  {b['num_seqs']:>4}  {b['query_heads']:>11}  {b['kernel']}" for b in plan.batches]
     return "\n".join(lines)
