@@ -253,8 +253,9 @@ class RocmAsmDecodeImpl(RocmAttentionImpl):
             layer_eligible=True,
             output_quant_requested=output_quant_requested,
             # The kernel gets Q's row stride only (heads and dims dense) and writes out_
-            # densely from its base.
+            # densely from its base, in the query's dtype.
             tensors_ok=query.dtype == binding.query_dtype
+            and output.dtype == query.dtype
             and query.stride(-1) == 1
             and query.stride(-2) == self.head_size
             and output.is_contiguous(),
@@ -427,7 +428,9 @@ class RocmAsmDecodeMetadataBuilder(RocmAttentionMetadataBuilder):
             )
         from vllm.utils.platform_utils import num_compute_units
 
-        compute_units = num_compute_units(self.device.index or 0)
+        # The compute units of the GPU the KV cache (and so the kernel) is on.
+        device = cached[0].kv_cache.device if cached else self.device
+        compute_units = num_compute_units(device.index or 0)
         self.asm_cut = resolve_cut(compute_units, settings_.cut)
         for layer in layers:
             if impls[layer].attn_type != AttentionType.DECODER:

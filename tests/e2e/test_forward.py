@@ -167,8 +167,11 @@ def test_fp8_query_and_strided_tensor_calls_stay_on_stock(tmp_path, kernels, mon
     assert spread_q.stride(-1) == 1 and spread_q.stride(-2) != spread_q.shape[-1]
     layer.impl.forward(layer, spread_q, *args[2:])
     assert harness.asm_calls() == [] and len(stock_calls) == 4
+    # An output of another dtype than the query (the kernel writes the query's): stock.
+    layer.impl.forward(*args[:6], torch.empty_like(out, dtype=torch.float32))
+    assert harness.asm_calls() == [] and len(stock_calls) == 5
     layer.impl.forward(*args)  # the same call without any of them runs asm
-    assert len(harness.asm_calls()) == 1 and len(stock_calls) == 4
+    assert len(harness.asm_calls()) == 1 and len(stock_calls) == 5
 
 
 @harness.plugin_only

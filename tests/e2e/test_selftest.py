@@ -67,7 +67,7 @@ def test_block_id_probe_catches_the_pre_0_1_17_misread(stand_in_aiter):
 def test_padding_probe_reports_finite_rows(stand_in_aiter):
     stand_in_aiter("0.1.20")
     check = selftest.padding_probe("cpu")
-    assert check.ok and "8 padding rows finite (left as they were)" in check.detail
+    assert check.ok and check.detail.startswith("8 padding rows left as they were; real rows")
 
 
 def test_padding_probe_fails_on_nan_in_padding_rows(stand_in_aiter, monkeypatch):
@@ -85,7 +85,47 @@ def test_padding_probe_fails_on_nan_in_padding_rows(stand_in_aiter, monkeypatch)
 
     monkeypatch.setattr(aiter, "pa_fwd_asm", nan_padding)
     check = selftest.padding_probe("cpu")
-    assert not check.ok and "NOT finite" in check.detail
+    assert not check.ok and check.detail.startswith("8 of 8 padding rows written NOT finite")
+
+
+@pytest.mark.parametrize("fill", [0.0, 1.5], ids=["zeros", "finite"])
+def test_padding_rows_written_finite_pass(stand_in_aiter, monkeypatch, fill):
+    import aiter
+
+    stand_in_aiter("0.1.20")
+    real = aiter.pa_fwd_asm
+
+    @functools.wraps(real)
+    def finite_padding(*args, **kwargs):
+        out = real(*args, **kwargs)
+        out[kwargs["context_lens"] == 0] = fill
+        return out
+
+    monkeypatch.setattr(aiter, "pa_fwd_asm", finite_padding)
+    check = selftest.padding_probe("cpu")
+    assert check.ok and check.detail.startswith("8 padding rows written, finite;"), check.detail
+
+
+def test_padding_probe_fails_on_a_real_row_left_unwritten(stand_in_aiter, monkeypatch):
+    """A kernel that skips the last real sequence (as one reading the batch one short
+    would): the NaN fill stays in its row."""
+    import aiter
+
+    stand_in_aiter("0.1.20")
+    real = aiter.pa_fwd_asm
+
+    @functools.wraps(real)
+    def one_short(*args, **kwargs):
+        lengths = kwargs["context_lens"]
+        last = int((lengths > 0).nonzero().max())
+        kept = kwargs["out_"][last].clone()
+        out = real(*args, **kwargs)
+        out[last] = kept
+        return out
+
+    monkeypatch.setattr(aiter, "pa_fwd_asm", one_short)
+    check = selftest.padding_probe("cpu")
+    assert not check.ok and "1 of " in check.detail and "real rows not written" in check.detail
 
 
 def test_the_default_probe_reaches_past_4_gib_and_names_both_misreadings():

@@ -248,29 +248,46 @@ def block_id_probe(
     )
 
 
+#: What the padding probe fills the output with before its second step: a finite value
+#: no attention output of the probe's data reaches, exact in bf16 and fp16.
+PADDING_SENTINEL = -4096.0
+
+
 def padding_probe(device: str, heads: tuple[int, int] = (40, 8)) -> Check:
-    """Real rows and CUDA-graph padding rows in one asm step: padding stays finite."""
+    """Real rows and CUDA-graph padding rows in one asm step. Run once into an output
+    filled with NaN (a real row left unwritten stays NaN and fails) and once into one
+    filled with :data:`PADDING_SENTINEL` (a padding row that differs from it was
+    written): padding rows may be left as they were or written finite, never written
+    non-finite; real rows must match the reference."""
     name = "selftest-padding-rows"
     n = sequences_above_cut(heads[0])
     with _one_layer(device, heads, n * 8 + 8) as model:
         batch = testbed.make_batch(model, [100] * n, pad_to=n + 8, seed=3)
         testbed.fill_context(model, batch)
-        out = torch.zeros_like(batch.query)
-        if not _forward(model, batch, out).use_asm_decode:
+        nan_filled = torch.full_like(batch.query, float("nan"))
+        if not _forward(model, batch, nan_filled).use_asm_decode:
             return Check(name, False, _not_asm(model))
+        marked = torch.full_like(batch.query, PADDING_SENTINEL)
+        _forward(model, batch, marked)
         ref = testbed.reference(model, batch, model.layers[model.names[0]])
-    padding = out[n:].float().cpu()
-    finite = bool(torch.isfinite(padding).all())
-    written = bool((padding != 0).any())
-    max_err, _ = _errors(out[:n], ref[:n])
-    ok = finite and max_err <= MAX_TOL
-    return Check(
-        name,
-        ok,
-        f"8 padding rows {'finite' if finite else 'NOT finite'} "
-        f"({'written' if written else 'left as they were'}); real rows max |error| "
-        f"{max_err:.4f} (<= {MAX_TOL})",
+    real = nan_filled[:n].float().cpu()
+    unwritten = int((~torch.isfinite(real)).flatten(1).any(1).sum())
+    padding = marked[n:].float().cpu().flatten(1)
+    written = (padding != PADDING_SENTINEL).any(1)
+    bad = int((written & ~torch.isfinite(padding).all(1)).sum())
+    max_err = _errors(real, ref[:n])[0] if not unwritten else float("inf")
+    ok = not bad and max_err <= MAX_TOL
+    pad = (
+        f"{bad} of 8 padding rows written NOT finite"
+        if bad
+        else f"8 padding rows {'written, finite' if written.any() else 'left as they were'}"
     )
+    rows = (
+        f"{unwritten} of {n} real rows not written (NaN left)"
+        if unwritten
+        else f"real rows max |error| {max_err:.4f} (<= {MAX_TOL})"
+    )
+    return Check(name, ok, f"{pad}; {rows}")
 
 
 def _replayable(run, out: torch.Tensor):
