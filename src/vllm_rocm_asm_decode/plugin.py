@@ -2,19 +2,19 @@
 backend.
 
 vLLM calls :func:`register` in every process it starts (API server, engine core,
-workers), possibly more than once, so it is cheap (no AITER import, no GPU query) and
-idempotent. It overrides ``AttentionBackendEnum.ROCM_ATTN`` through vLLM's registry
-only when the asm decode can work; otherwise it registers nothing, stock ``ROCM_ATTN``
-stays in place, and it says why once.
+workers), possibly more than once, so it is cheap (no AITER import, no GPU query, no
+import of vLLM's attention modules: the vLLM guard reads their source) and idempotent.
+It overrides ``AttentionBackendEnum.ROCM_ATTN`` through vLLM's registry only when the
+asm decode can work; otherwise it registers nothing, stock ``ROCM_ATTN`` stays in
+place, and it says why once.
 """
 
 from __future__ import annotations
 
-from importlib.util import find_spec
-
 from . import settings
 from .kernel import unavailable_reason
 from .log import logger
+from .vllm_support import module_source, vllm_mismatch
 
 BACKEND_PATH = "vllm_rocm_asm_decode.backend.RocmAsmDecodeBackend"
 
@@ -28,17 +28,8 @@ IN_TREE_MARKER = "def asm_decode_rejections("
 def vllm_carries_asm_decode() -> bool:
     """Whether the installed vLLM already has the asm decode in ``ROCM_ATTN`` (its
     ``rocm_attn.py`` defines the rule stage 1 writes), read without an import."""
-    try:
-        spec = find_spec(IN_TREE_MODULE)
-    except ImportError:  # a parent package is missing: not a vLLM that carries it
-        return False
-    if spec is None or not spec.origin:
-        return False
-    try:
-        with open(spec.origin, encoding="utf-8") as source:
-            return IN_TREE_MARKER in source.read()
-    except (OSError, UnicodeDecodeError):
-        return False
+    source = module_source(IN_TREE_MODULE)
+    return source is not None and IN_TREE_MARKER in source
 
 
 def inactive_reason() -> str | None:
@@ -46,9 +37,10 @@ def inactive_reason() -> str | None:
 
     Raises :class:`~vllm_rocm_asm_decode.settings.SettingError` on a bad setting on
     ROCm, even where the plugin is switched off (a typo must not silently change which
-    kernel serves traffic). Where the plugin can never act (not ROCm, or a vLLM that
-    carries the asm decode itself) a bad setting stops nothing: it is reported once and
-    the plugin stays inactive.
+    kernel serves traffic). Where the plugin can never act (not ROCm, a vLLM that
+    carries the asm decode itself, or a vLLM other than the one this release extends:
+    :func:`~vllm_rocm_asm_decode.vllm_support.vllm_mismatch`) a bad setting stops
+    nothing: it is reported once and the plugin stays inactive.
     """
     from vllm.platforms import current_platform
 
@@ -61,15 +53,23 @@ def inactive_reason() -> str | None:
         ),
     ):
         if never:
-            for problem in settings.problems():
-                logger.warning_once(
-                    "ROCM_ATTN asm decode plugin: %s (ignored: %s)", problem, why
-                )
-            return why
+            return _never(why)
+    mismatch = vllm_mismatch()
+    if mismatch is not None:
+        return _never(f"{mismatch}; stock ROCM_ATTN serves")
     settings.check_all()
     if not settings.asm_decode_switch():
         return f"{settings.SWITCH_ENV}=0"
     return unavailable_reason()
+
+
+def _never(why: str) -> str:
+    """Where the plugin can never act, a bad setting stops nothing: said once."""
+    for problem in settings.problems():
+        logger.warning_once(
+            "ROCM_ATTN asm decode plugin: %s (ignored: %s)", problem, why
+        )
+    return why
 
 
 def register() -> None:

@@ -86,6 +86,41 @@ def test_stand_in_rocm_reports_aiter_version_arch_table_and_files(
     assert all(r["installed"] and r["gqa"] == list(range(1, 9)) for r in files.values())
 
 
+@pytest.mark.parametrize(
+    ("version", "drop", "says"),
+    [
+        ("0.34.0.dev3+rocm700", None, "vLLM 0.34.0.dev3+rocm700 is not 0.33.x"),
+        (None, "def get_impl_cls(", "moved what the plugin extends: "),
+    ],
+    ids=["other-series", "moved-method"],
+)
+def test_another_vllm_is_a_failed_check_saying_stock_serves(
+    aiter_version, monkeypatch, capsys, version, drop, says
+):
+    """doctor says what register() decides: the same reason, on the vllm and plugin
+    checks."""
+    from vllm_rocm_asm_decode import vllm_support
+
+    aiter_version("0.1.20")
+    if version is not None:
+        monkeypatch.setattr(vllm_support, "installed_vllm_version", lambda: version)
+        monkeypatch.setattr(doctor, "_version", lambda name: version if name == "vllm" else None)
+    if drop is not None:
+        real = vllm_support.module_source
+
+        def source(module):
+            text = real(module)
+            return text.replace(drop, "def moved(") if module.endswith("rocm_attn") else text
+
+        monkeypatch.setattr(vllm_support, "module_source", source)
+    code, report = doctor_json(capsys)
+    assert code == 2
+    by_name = checks(report)
+    assert not by_name["vllm"]["ok"] and says in by_name["vllm"]["detail"]
+    assert by_name["vllm"]["detail"].endswith("the plugin keeps stock ROCM_ATTN")
+    assert not by_name["plugin"]["ok"] and says in by_name["plugin"]["detail"]
+
+
 def test_missing_kernel_file_fails_its_check(aiter_version, monkeypatch, tmp_path, capsys):
     hsa = tmp_path / "hsa"
     shutil.copytree(KERNEL_STANDIN / "aiter" / "hsa", hsa)

@@ -69,9 +69,25 @@ PROBE = textwrap.dedent("""
         builtins.__import__ = spy
         return crossings
 
+    def fake_vllm(version, drop):
+        # Another vLLM as the guard sees it: its version, and its rocm_attn.py with one
+        # name renamed away.
+        from vllm_rocm_asm_decode import vllm_support
+        real = vllm_support.module_source
+        if version:
+            vllm_support.installed_vllm_version = lambda: version
+        if drop:
+            def source(module):
+                text = real(module)
+                if module.endswith("rocm_attn") and text:
+                    text = text.replace(drop, drop + "_moved")
+                return text
+            vllm_support.module_source = source
+
     def run(case):
         crossings = watch_runtime_imports()
         os.environ.update(case["env"])
+        fake_vllm(case["vllm_version"], case["vllm_drop"])
         rocm_aiter_ops.refresh_env_variables()
         records = []
         class H(logging.Handler):
@@ -153,6 +169,12 @@ CASES: dict[str, tuple[dict[str, str], dict[str, bool]]] = {
     "bad-switch": (AITER_ON | {"VLLM_ROCM_ASM_DECODE": "maybe"}, {}),
     "bad-trust": (AITER_ON | {"VLLM_ROCM_ASM_DECODE_TRUST_AITER": "always"}, {}),
     "bad-not-rocm": (AITER_ON | {"VLLM_ROCM_ASM_DECODE_CUT": "lots"}, {"gpu": False}),
+    "vllm-0.34": (AITER_ON, {"run_decode": True, "vllm_version": "0.34.0+rocm700"}),
+    "vllm-moved": (AITER_ON, {"run_decode": True, "vllm_drop": "output_block_scale"}),
+    "bad-vllm-0.34": (
+        AITER_ON | {"VLLM_ROCM_ASM_DECODE": "maybe"},
+        {"vllm_version": "0.34.0.dev3+rocm700"},
+    ),
 }
 
 
@@ -164,6 +186,8 @@ def _run_group(
             "env": CASES[name][0],
             "via_vllm": CASES[name][1].get("via_vllm", False),
             "run_decode": CASES[name][1].get("run_decode", False),
+            "vllm_version": CASES[name][1].get("vllm_version"),
+            "vllm_drop": CASES[name][1].get("vllm_drop"),
         }
         for name in names
     }
@@ -192,6 +216,7 @@ PROBE_TESTS = (
     "test_not_rocm_registers_nothing",
     "test_a_bad_setting_where_the_plugin_cannot_act_stops_nothing",
     "test_bad_setting_is_a_startup_error_naming_it",
+    "test_another_vllm_keeps_stock_rocm_attn_and_says_why_in_one_line",
 )
 for _key, _names in _groups().items():  # each environment's process runs in the background
     background.declare(
@@ -299,3 +324,30 @@ def test_bad_setting_is_a_startup_error_naming_it(probes, case, var, value):
     r = probe(probes, case)
     assert r["error"] is not None and var in r["error"] and repr(value) in r["error"]
     assert r["changed"] == []
+
+
+@pytest.mark.parametrize(
+    ("case", "reason"),
+    [
+        ("vllm-0.34", "vLLM 0.34.0+rocm700 is not 0.33.x, the vLLM this release extends"),
+        (
+            "vllm-moved",
+            "moved what the plugin extends: RocmAttentionImpl.forward takes (layer, query, "
+            "key, value, kv_cache, attn_metadata, output, output_scale, "
+            "output_block_scale_moved)",
+        ),
+        ("bad-vllm-0.34", "vLLM 0.34.0.dev3+rocm700 is not 0.33.x"),
+    ],
+)
+def test_another_vllm_keeps_stock_rocm_attn_and_says_why_in_one_line(probes, case, reason):
+    """A vLLM of another series, or one whose classes moved, keeps stock ROCM_ATTN (and
+    its decode) with the reason in one line; a bad setting there stops nothing."""
+    r = probe(probes, case)
+    assert r["error"] is None and r["changed"] == [] and r["rocm_attn"] == STOCK["ROCM_ATTN"]
+    inactive = [m for m in r["log"] if "plugin inactive" in m]
+    assert len(inactive) == 1 and reason in inactive[0], r["log"]
+    assert inactive[0].endswith("; stock ROCM_ATTN serves") and "\n" not in inactive[0]
+    if "run_decode" in CASES[case][1]:
+        assert r["backend"] == STOCK["ROCM_ATTN"] and r["asm_calls"] == 0
+    if case.startswith("bad-"):
+        assert any("VLLM_ROCM_ASM_DECODE='maybe'" in m and "ignored" in m for m in r["log"])

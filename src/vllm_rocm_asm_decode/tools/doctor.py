@@ -186,6 +186,7 @@ def kernel_rows(table: KernelTable) -> list[dict[str, Any]]:
 def environment() -> Report:
     """The environment part: everything but the GPU self-test."""
     from ..plugin import inactive_reason
+    from ..vllm_support import EXTENSION_POINTS, vllm_mismatch
     from .validation.gpu import rocm_gpu_problem
 
     checks: list[Check] = []
@@ -195,11 +196,15 @@ def environment() -> Report:
     )
 
     vllm_version = _version("vllm")
+    mismatch = vllm_mismatch(vllm_version)
     checks.append(
         Check(
             "vllm",
-            bool(vllm_version) and vllm_version.startswith("0.33."),
-            f"vLLM {vllm_version or 'not installed'} (the plugin needs 0.33.x)",
+            mismatch is None,
+            f"vLLM {vllm_version}: the 0.33 series, with every class, method and "
+            f"parameter the plugin extends ({len(EXTENSION_POINTS)} checked)"
+            if mismatch is None
+            else f"{mismatch}; the plugin keeps stock ROCM_ATTN",
         )
     )
     points = {ep.name: ep.value for ep in metadata.entry_points(group="vllm.general_plugins")}

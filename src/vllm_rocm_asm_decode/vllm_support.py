@@ -1,0 +1,364 @@
+"""The vLLM this release extends, and the guard that keeps stock ``ROCM_ATTN`` on any
+other.
+
+The plugin subclasses vLLM 0.33's ``ROCM_ATTN`` classes and calls a few of its
+functions. A ROCm image may carry another vLLM (a nightly installed beside the plugin,
+a ``0.33.1.devN`` that moved a method): the first sign would be an ``ImportError`` or a
+``TypeError`` mid-serving. :func:`vllm_mismatch` judges the installed vLLM before the
+override is registered: its version must be of the 0.33 series, and every
+:data:`EXTENSION_POINTS` entry (the classes, methods and parameters the plugin extends
+or calls) must be in vLLM's source as the plugin uses it. The source is read with
+``ast`` (nothing imported; about 0.1 s in each process vLLM starts, the trees dropped
+after).
+"""
+
+from __future__ import annotations
+
+import ast
+import gc
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from importlib.util import find_spec
+from pathlib import Path
+
+#: The vLLM release series this plugin release is written for.
+SUPPORTED_SERIES = (0, 33)
+
+
+@dataclass(frozen=True)
+class ExtensionPoint:
+    """A class, method or function of vLLM the plugin builds on.
+
+    ``name`` is ``Class``, ``Class.method``, ``Class.ATTRIBUTE`` or ``function`` in
+    ``module``. ``parameters`` are the parameter names the plugin relies on, after
+    ``self``/``cls``: with ``positional`` they must come first in that order (the plugin
+    overrides the method or passes them by position); otherwise each must be accepted
+    by name. For a class, ``parameters`` are fields it must declare. ``inherited``: the
+    module and class that define the method when the class does not (its base).
+    """
+
+    module: str
+    name: str
+    parameters: tuple[str, ...] = ()
+    positional: bool = False
+    inherited: tuple[str, str] | None = None
+
+
+_ROCM_ATTN = "vllm.v1.attention.backends.rocm_attn"
+_BUILDER_BASE = ("vllm.v1.attention.backend", "AttentionMetadataBuilder")
+
+#: What the plugin subclasses, overrides and calls, as vLLM 0.33 defines it.
+EXTENSION_POINTS: tuple[ExtensionPoint, ...] = (
+    ExtensionPoint(_ROCM_ATTN, "RocmAttentionBackend.get_impl_cls"),
+    ExtensionPoint(_ROCM_ATTN, "RocmAttentionBackend.get_builder_cls"),
+    ExtensionPoint(
+        _ROCM_ATTN,
+        "RocmAttentionMetadata",
+        (
+            "num_actual_tokens",
+            "max_query_len",
+            "max_seq_len",
+            "seq_lens",
+            "block_table",
+        ),
+    ),
+    ExtensionPoint(
+        _ROCM_ATTN,
+        "RocmAttentionMetadataBuilder.__init__",
+        ("kv_cache_spec", "layer_names", "vllm_config", "device"),
+        positional=True,
+    ),
+    ExtensionPoint(
+        _ROCM_ATTN,
+        "RocmAttentionMetadataBuilder.build",
+        ("common_prefix_len", "common_attn_metadata", "fast_build"),
+        positional=True,
+    ),
+    ExtensionPoint(
+        _ROCM_ATTN,
+        "RocmAttentionMetadataBuilder.build_for_cudagraph_capture",
+        ("common_attn_metadata",),
+        positional=True,
+        inherited=_BUILDER_BASE,
+    ),
+    ExtensionPoint(
+        _ROCM_ATTN,
+        "RocmAttentionMetadataBuilder._init_reorder_batch_threshold",
+        ("reorder_batch_threshold",),
+        positional=True,
+        inherited=_BUILDER_BASE,
+    ),
+    ExtensionPoint(
+        _ROCM_ATTN,
+        "RocmAttentionImpl.forward",
+        (
+            "layer",
+            "query",
+            "key",
+            "value",
+            "kv_cache",
+            "attn_metadata",
+            "output",
+            "output_scale",
+            "output_block_scale",
+        ),
+        positional=True,
+    ),
+    ExtensionPoint(
+        "vllm._aiter_ops",
+        "rocm_aiter_ops.pa_fwd_asm",
+        (
+            "Q",
+            "K",
+            "V",
+            "block_tables",
+            "context_lens",
+            "block_tables_stride0",
+            "K_QScale",
+            "V_QScale",
+            "out_",
+        ),
+    ),
+    ExtensionPoint("vllm._aiter_ops", "rocm_aiter_ops.is_enabled"),
+    ExtensionPoint("vllm._aiter_ops", "rocm_aiter_ops.is_mha_enabled"),
+    # The mixed split's prefill part calls the prefill kernel as stock forward does.
+    ExtensionPoint(
+        "vllm.v1.attention.ops.prefix_prefill",
+        "context_attention_fwd",
+        (
+            "q",
+            "k",
+            "v",
+            "o",
+            "kv_cache_dtype",
+            "k_cache",
+            "v_cache",
+            "b_loc",
+            "b_start_loc",
+            "b_seq_len",
+            "max_seq_len",
+            "max_input_len",
+            "k_scale",
+            "v_scale",
+            "alibi_slopes",
+            "sliding_window",
+            "sm_scale",
+            "skip_decode",
+            "fp8_out_scale",
+            "sinks",
+            "interleaved_v_pack_factor",
+            "causal",
+        ),
+    ),
+    ExtensionPoint(
+        "vllm.v1.attention.ops.chunked_prefill_paged_decode", "context_attention_fwd"
+    ),
+    ExtensionPoint(
+        "vllm.v1.attention.backends.registry",
+        "register_backend",
+        ("backend", "class_path"),
+        positional=True,
+    ),
+    ExtensionPoint(
+        "vllm.v1.attention.backends.registry", "AttentionBackendEnum.ROCM_ATTN"
+    ),
+    ExtensionPoint(
+        "vllm.config.vllm",
+        "get_layers_from_vllm_config",
+        ("vllm_config", "layer_type", "layer_names"),
+        positional=True,
+    ),
+    ExtensionPoint("vllm.config.compilation", "CUDAGraphMode.mixed_mode"),
+)
+
+
+def installed_vllm_version() -> str | None:
+    """The installed vLLM's version, from its package metadata (None: not there)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("vllm")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def version_mismatch(version: str | None) -> str | None:
+    """Why ``version`` is not a vLLM this release extends; None when it is. Any 0.33
+    release, pre-release or local build counts (``0.33.0+rocm722``, ``0.33.1.dev4``)."""
+    from packaging.version import InvalidVersion, Version
+
+    series = ".".join(map(str, SUPPORTED_SERIES))
+    if version is None:
+        return "vLLM is not installed"
+    try:
+        release = Version(version).release
+    except InvalidVersion:
+        return f"vLLM reports version {version!r}, not a version this release can judge"
+    if release[:2] != SUPPORTED_SERIES:
+        return f"vLLM {version} is not {series}.x, the vLLM this release extends"
+    return None
+
+
+def module_source(module: str) -> str | None:
+    """The source text of a module of the installed vLLM, found from the ``vllm``
+    package's directory, so that no package on the way is imported (None when the file
+    is not there)."""
+    top, _, rest = module.partition(".")
+    try:
+        spec = find_spec(top)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for root in spec.submodule_search_locations:
+        base = Path(root, *rest.split(".")) if rest else Path(root)
+        for path in (base.with_suffix(".py"), base / "__init__.py"):
+            try:
+                return path.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError):
+                continue
+    return None
+
+
+def _parsed(text: str | None) -> ast.Module | None:
+    if text is None:
+        return None
+    # The collector would walk vLLM's whole heap again and again while the tree's
+    # nodes are made (half a second in a serving process, against 50 ms without).
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return ast.parse(text)
+    except SyntaxError:
+        return None
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _top_level(tree: ast.Module, name: str) -> ast.AST | None:
+    """The module-level class, function, assignment or import that binds ``name``."""
+    for node in tree.body:
+        if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            if node.name == name:
+                return node
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            if any((a.asname or a.name.split(".")[0]) == name for a in node.names):
+                return node
+        elif isinstance(node, ast.Assign):
+            if any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+                return node
+        elif isinstance(node, ast.AnnAssign):
+            if isinstance(node.target, ast.Name) and node.target.id == name:
+                return node
+    return None
+
+
+def _member(cls: ast.ClassDef, name: str) -> ast.AST | None:
+    for node in cls.body:
+        if (
+            isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.name == name
+        ):
+            return node
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            if node.target.id == name:
+                return node
+        if isinstance(node, ast.Assign):
+            if any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+                return node
+    return None
+
+
+def _parameters(fn: ast.FunctionDef | ast.AsyncFunctionDef, method: bool) -> list[str]:
+    args = fn.args
+    positional = [a.arg for a in (*args.posonlyargs, *args.args)]
+    static = any(
+        isinstance(d, ast.Name) and d.id == "staticmethod" for d in fn.decorator_list
+    )
+    if method and not static:
+        positional = positional[1:]  # self or cls
+    return positional + [a.arg for a in args.kwonlyargs]
+
+
+def _check(
+    point: ExtensionPoint, parsed: Callable[[str], ast.Module | None]
+) -> str | None:
+    """What is missing of one extension point, as a short phrase; None if nothing."""
+    owner, _, member = point.name.partition(".")
+    module = point.module
+    tree = parsed(module)
+    if tree is None:
+        return f"no module {module}"
+    node = _top_level(tree, owner)
+    if node is None:
+        return f"{module} has no {owner}"
+    if member:
+        if not isinstance(node, ast.ClassDef):
+            return f"{module}.{owner} is not a class"
+        found = _member(node, member)
+        if found is None and point.inherited is not None:
+            base_module, base = point.inherited
+            base_tree = parsed(base_module)
+            base_node = _top_level(base_tree, base) if base_tree is not None else None
+            if isinstance(base_node, ast.ClassDef):
+                found = _member(base_node, member)
+        if found is None:
+            return f"{point.name} is gone"
+        node = found
+    if isinstance(node, ast.ClassDef):
+        fields = {
+            n.target.id
+            for n in node.body
+            if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)
+        }
+        lost = [f for f in point.parameters if f not in fields]
+        return f"{point.name} has no field {', '.join(lost)}" if lost else None
+    if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return None if not point.parameters else f"{point.name} is not a function"
+    has = _parameters(node, method=bool(member))
+    if point.positional:
+        want = list(point.parameters)
+        if has[: len(want)] != want:
+            return (
+                f"{point.name} takes ({', '.join(has)}), not ({', '.join(want)}, ...)"
+            )
+        return None
+    if node.args.kwarg is not None:
+        return None
+    lost = [p for p in point.parameters if p not in has]
+    return f"{point.name} takes no {', '.join(lost)}" if lost else None
+
+
+def missing_extension_points(
+    points: Iterable[ExtensionPoint] = EXTENSION_POINTS,
+    read: Callable[[str], str | None] | None = None,
+) -> list[str]:
+    """What the installed vLLM lacks of ``points``, one phrase each (empty: nothing).
+    Each module is parsed once here and dropped after."""
+    trees: dict[str, ast.Module | None] = {}
+    source = read or module_source
+
+    def parsed(module: str) -> ast.Module | None:
+        if module not in trees:
+            trees[module] = _parsed(source(module))
+        return trees[module]
+
+    return [problem for p in points if (problem := _check(p, parsed)) is not None]
+
+
+def vllm_mismatch(
+    version: str | None = None, read: Callable[[str], str | None] | None = None
+) -> str | None:
+    """Why the installed vLLM is not one this release extends, in one line; None when
+    it is. ``version`` defaults to the installed one, ``read`` (a module's source) to
+    :func:`module_source`."""
+    version = installed_vllm_version() if version is None else version
+    why = version_mismatch(version)
+    if why is not None:
+        return why
+    missing = missing_extension_points(read=read)
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        return f"vLLM {version} moved what the plugin extends: {missing[0]}{more}"
+    return None
