@@ -53,3 +53,69 @@ def test_the_scan_sees_every_way_to_import_a_tool(tmp_path):
     assert "vllm_rocm_asm_decode.tools.plan" in found
     assert "vllm_rocm_asm_decode.tools" in found
     assert "vllm_rocm_asm_decode.tools.doctor.run" in found
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def package_imports() -> dict[str, set[str]]:
+    """For every module of the package: the package's modules it imports, anywhere in
+    the file (function-level imports included), relative ones resolved."""
+    from importlib.util import resolve_name
+
+    paths = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in paths.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        targets: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets.update(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = (
+                    resolve_name("." * node.level + (node.module or ""), package)
+                    if node.level
+                    else node.module or ""
+                )
+                targets.add(base)
+                targets.update(f"{base}.{a.name}" for a in node.names)
+        graph[name] = {t for t in targets if t in paths and t != name}
+    return graph
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return [*stack[stack.index(nxt) :], nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def test_no_two_modules_import_each_other():
+    """Not even through a function-level import: each module has one direction."""
+    graph = package_imports()
+    assert "vllm_rocm_asm_decode.tools.validation.tolerances" in graph
+    assert _cycle(graph) is None, " -> ".join(_cycle(graph) or [])
+
+
+def test_the_cycle_scan_finds_a_lazy_circle():
+    """Control: a function-level import back is a circle."""
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}
+    assert _cycle(graph) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set()}) is None

@@ -36,7 +36,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .source import Source, UpstreamError
+from .source import SPDX, Source, UpstreamError
 from .stages import (
     AITER_OPS,
     KERNEL_TEST,
@@ -59,11 +59,6 @@ __all__ = [
     "UpstreamError",
 ]
 
-#: vLLM's header.
-SPDX = (
-    "# SPDX-License-Identifier: Apache-2.0\n"
-    "# SPDX-FileCopyrightText: Copyright contributors to the vLLM project\n"
-)
 SUPPORTED = (0, 33)
 #: The stage written when ``--stage`` is not given, and the last one there is.
 DEFAULT_STAGE = 1

@@ -10,6 +10,11 @@ from pathlib import Path
 
 #: vLLM's line length.
 LINE_LENGTH = 88
+#: vLLM's header of every file.
+SPDX = (
+    "# SPDX-License-Identifier: Apache-2.0\n"
+    "# SPDX-FileCopyrightText: Copyright contributors to the vLLM project\n"
+)
 
 
 class UpstreamError(Exception):

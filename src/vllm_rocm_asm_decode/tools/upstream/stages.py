@@ -25,7 +25,7 @@ import ast
 from collections.abc import Callable
 from pathlib import Path
 
-from .source import Source, UpstreamError
+from .source import SPDX, Source, UpstreamError
 
 ROCM_ATTN = Path("vllm/v1/attention/backends/rocm_attn.py")
 ROCM_AITER_FA = Path("vllm/v1/attention/backends/rocm_aiter_fa.py")
@@ -569,8 +569,6 @@ def stage3_rocm_aiter_fa(src: Source) -> None:
 
 def stage3_scale_tables(text: str | None) -> str:
     """The new module: the runtime's ``asm_scale_tables.py`` with vLLM's header."""
-    from . import SPDX
-
     return SPDX + (_RUNTIME_DIR / "asm_scale_tables.py").read_text(encoding="utf-8")
 
 

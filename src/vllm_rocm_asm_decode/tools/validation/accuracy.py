@@ -33,10 +33,9 @@ import torch
 
 from ..testbed import fp32_attention, store_fp8_tokens
 from .gpu import rocm_gpu_problem
+from .tolerances import MAX_TOL, MEAN_TOL
 
 PROG = "vllm-rocm-asm-decode check accuracy"
-MAX_TOL = 0.039
-MEAN_TOL = 0.0012
 SHIPPED = "asm high_precision=2"
 FULL_GRID = dict(
     layouts=[(40, 8), (32, 8), (64, 8), (32, 4)],

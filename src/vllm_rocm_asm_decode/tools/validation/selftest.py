@@ -33,7 +33,7 @@ import torch
 from ... import settings
 from ...aiter_version import BLOCK_ID_LIMIT, OFFSET_LIMIT, safe_blocks
 from .. import testbed
-from .accuracy import MAX_TOL, MEAN_TOL
+from .tolerances import MAX_TOL, MEAN_TOL
 
 #: Context lengths of the accuracy probe (those of ``check accuracy``).
 ACCURACY_CONTEXTS = (1, 15, 16, 17, 255, 1000, 4000)
