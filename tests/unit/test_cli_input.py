@@ -19,6 +19,17 @@ CASES = {
     "tp-zero": (["plan", "-tp", "0"], "argument --tensor-parallel-size/-tp: 0 must be at least 1"),
     "block-word": (["plan", "--block-size", "x"], "argument --block-size: 'x' is not a whole"),
     "blocks-zero": (["plan", "--num-gpu-blocks", "0"], "--num-gpu-blocks: 0 must be at least 1"),
+    "blocks-past-int32": (
+        ["plan", "--num-gpu-blocks", "1000000000000"],
+        "1000000000000 is more blocks than vLLM's int32 block ids reach (2147483647)",
+    ),
+    "blocks-past-memory": (
+        ["plan", "--gpu", "mi300x", "--num-gpu-blocks", "100000000"],
+        "--num-gpu-blocks 100000000: that KV cache takes 122070 GiB per rank, more than the "
+        "MI300X's 192 GiB",
+    ),
+    "graph-mode": (["plan", "--cudagraph-mode", "eager"], "'eager' is not one of FULL_AND"),
+    "aiter-version": (["plan", "--aiter-version", "x.y"], "'x.y' is not a version"),
     "len-zero": (["plan", "--max-model-len", "0"], "--max-model-len: 0 must be at least 1"),
     "dtype": (["plan", "--dtype", "fp64"], "argument --dtype: 'fp64' is not one of"),
     "kv-dtype": (["plan", "--kv-cache-dtype", "int4"], "'int4' is not one of fp8, fp8_e4m3"),
@@ -114,6 +125,75 @@ def test_serve_args_that_look_like_options_are_accepted():
     ]
 
 
+PRESET_CONFIG = choices.PRESETS_DIR / "qwen3-14b-fp8" / "config.json"  # 40 / 8 heads
+#: config.json edits (and plan options) that config.json alone decides, and the line.
+CONFIG_CASES = {
+    "zero-layers": ({"num_hidden_layers": 0}, [], "num_hidden_layers is 0; it must be a whole"),
+    "negative-layers": ({"num_hidden_layers": -2}, [], "num_hidden_layers is -2; it must be"),
+    "zero-kv-heads": ({"num_key_value_heads": 0}, [], "num_key_value_heads is 0; it must be"),
+    "text-heads": ({"num_attention_heads": "40"}, [], 'num_attention_heads is "40"; it must'),
+    "heads-not-a-multiple": (
+        {"num_key_value_heads": 6},
+        [],
+        "num_attention_heads 40 is not a multiple of num_key_value_heads 6; not a model vLLM",
+    ),
+    "tp-splits-no-heads": ({}, ["-tp", "3"], "--tensor-parallel-size 3 does not divide the 40"),
+    "tp-splits-no-kv-heads": (
+        {"num_attention_heads": 48},
+        ["-tp", "12"],
+        "--tensor-parallel-size 12 neither divides the 8 KV heads nor is a multiple of them",
+    ),
+    "nested-text-config": (
+        {"text_config": {"num_attention_heads": 40, "num_hidden_layers": 0}},
+        [],
+        "num_hidden_layers is 0",
+    ),
+}
+
+
+def _config_case(root: Path, case: str) -> list[str]:
+    edit, options, _ = CONFIG_CASES[case]
+    config = json.loads(PRESET_CONFIG.read_text())
+    if "text_config" in edit:  # a multimodal config: the language model's fields nest
+        config = {"model_type": "llava", "text_config": edit["text_config"]}
+    else:
+        config.update(edit)
+    model = root / case
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(config))
+    return ["plan", "--model", str(model), *options]
+
+
+@pytest.mark.parametrize("case", list(CONFIG_CASES), ids=list(CONFIG_CASES))
+def test_what_config_json_decides_is_one_line_and_exit_2(case, tmp_path, capsys):
+    assert run(_config_case(tmp_path, case)) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and CONFIG_CASES[case][2] in err[0], err
+
+
+def test_config_json_errors_come_before_vllm_loads(tmp_path):
+    """In a fresh interpreter: every config.json case answers without importing torch or
+    vLLM, in well under a second each (vLLM takes about 10 s to import here)."""
+    cases = {case: _config_case(tmp_path, case) for case in CONFIG_CASES}
+    code = (
+        "import json, sys, time\n"
+        "from vllm_rocm_asm_decode.tools.cli import main\n"
+        f"cases = json.loads({json.dumps(json.dumps(cases))})\n"
+        "seconds = {}\n"
+        "for name, argv in cases.items():\n"
+        "    start = time.perf_counter()\n"
+        "    assert main(argv) == 2, name\n"
+        "    seconds[name] = time.perf_counter() - start\n"
+        "print('LOADED', 'torch' in sys.modules, 'vllm' in sys.modules)\n"
+        "print('SECONDS', json.dumps(seconds))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    lines = dict(line.split(" ", 1) for line in out.stdout.splitlines() if " " in line)
+    assert lines.get("LOADED") == "False False", out.stderr[-2000:]
+    seconds = json.loads(lines["SECONDS"])
+    assert set(seconds) == set(CONFIG_CASES) and max(seconds.values()) < 1.0, seconds
+
+
 def test_help_and_usage_errors_import_neither_torch_nor_vllm():
     """In a fresh interpreter: what answering --help and a usage error imports (what
     makes them take seconds). Timing itself is measured, not gated: see the note."""
@@ -189,3 +269,22 @@ def test_bench_serve_refuses_an_environment_that_would_stop_or_skip_the_plugin(
     assert run(["bench", "serve", "--model", "m", "--vllm", STAND_IN_VLLM]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err
+
+
+def test_plan_says_on_stderr_what_it_loads_when_it_takes_a_while(monkeypatch, capsys):
+    import time
+
+    from vllm_rocm_asm_decode.tools import cli
+
+    with cli._said_after(0.05, "slow"):
+        time.sleep(0.3)
+    with cli._said_after(5.0, "never"):
+        pass
+    assert capsys.readouterr().err.splitlines() == ["slow"]
+    monkeypatch.setattr(cli, "NOTE_AFTER", 0.0)
+    assert main(["plan", "--gpu", "mi355x"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err.splitlines() == [
+        "vllm-rocm-asm-decode plan: loading vLLM to read preset qwen3-14b-fp8 ..."
+    ]
+    assert captured.out.startswith("model      preset qwen3-14b-fp8")

@@ -18,12 +18,14 @@ class Gpu:
     name: str
     arch: str
     compute_units: int
+    #: HBM in GiB (None: not known, a live GPU whose memory was not read).
+    memory_gib: int | None = None
 
 
 GPUS = {
-    "mi300x": Gpu("MI300X", "gfx942", 304),
-    "mi325x": Gpu("MI325X", "gfx942", 304),
-    "mi355x": Gpu("MI355X", "gfx950", 256),
+    "mi300x": Gpu("MI300X", "gfx942", 304, 192),
+    "mi325x": Gpu("MI325X", "gfx942", 304, 256),
+    "mi355x": Gpu("MI355X", "gfx950", 256, 288),
 }
 DEFAULT_GPU = "mi355x"
 
@@ -40,6 +42,11 @@ DTYPES = {
 #: Names Hugging Face configs give the attention head count. Without one, transformers
 #: would fill in its class defaults and the plan would describe a model that isn't there.
 HEAD_COUNT_KEYS = ("num_attention_heads", "n_head", "num_heads", "n_heads")
+#: Names Hugging Face configs give the KV head count and the layer count.
+KV_HEAD_COUNT_KEYS = ("num_key_value_heads", "num_kv_heads", "n_head_kv", "multi_query_group_num")
+LAYER_COUNT_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
+#: vLLM's block tables hold int32 block ids.
+MAX_GPU_BLOCKS = 2**31 - 1
 #: The longest context ``check accuracy`` and ``bench kernel`` build (the asm decode's
 #: envelope, ``max_model_len <= 131072``).
 MAX_CONTEXT = 131072
@@ -100,6 +107,63 @@ def resolve_model_dir(model: str) -> tuple[Path, str]:
     raise InputError(f"unknown model preset {model!r}; presets: {', '.join(presets())}")
 
 
+def _count(section: dict, keys: tuple[str, ...]) -> tuple[str, object] | None:
+    for key in keys:
+        if section.get(key) is not None:
+            return key, section[key]
+    return None
+
+
+def attention_section(raw: dict) -> dict:
+    """The part of a ``config.json`` that describes the language model's attention: a
+    ``text_config`` (or similar) that names a head count, else the top level."""
+    for value in raw.values():
+        if isinstance(value, dict) and any(k in value for k in HEAD_COUNT_KEYS):
+            if not any(k in raw for k in HEAD_COUNT_KEYS):
+                return value
+    return raw
+
+
+def check_model_config(model_dir: Path, tensor_parallel_size: int = 1) -> None:
+    """What ``config.json`` alone decides, before vLLM is imported: counts that are
+    whole numbers of at least 1, query heads a multiple of the KV heads, and a
+    tensor-parallel size that splits both as vLLM splits them."""
+    config = model_dir / "config.json"
+    section = attention_section(json.loads(config.read_text()))
+    counts: dict[str, tuple[str, int]] = {}
+    for what, keys in (
+        ("heads", HEAD_COUNT_KEYS),
+        ("kv_heads", KV_HEAD_COUNT_KEYS),
+        ("layers", LAYER_COUNT_KEYS),
+    ):
+        found = _count(section, keys)
+        if found is None:
+            continue
+        key, value = found
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise InputError(
+                f"{config}: {key} is {json.dumps(value)}; it must be a whole number >= 1"
+            )
+        counts[what] = (key, value)
+    if "heads" not in counts:
+        return
+    heads_key, heads = counts["heads"]
+    kv_key, kv = counts.get("kv_heads", (heads_key, heads))
+    if heads % kv:
+        raise InputError(
+            f"{config}: {heads_key} {heads} is not a multiple of {kv_key} {kv}; not a model "
+            "vLLM can serve"
+        )
+    tp = tensor_parallel_size
+    if heads % tp:
+        raise InputError(f"--tensor-parallel-size {tp} does not divide the {heads} attention heads")
+    if (kv % tp) if kv >= tp else (tp % kv):
+        raise InputError(
+            f"--tensor-parallel-size {tp} neither divides the {kv} KV heads nor is a multiple "
+            "of them (vLLM splits or replicates KV heads evenly)"
+        )
+
+
 # --------------------------------------------------------------------------------------
 # argparse types: each rejects in one line, before anything heavy is imported
 
@@ -112,6 +176,33 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"{value} must be at least 1")
     return value
+
+
+def gpu_blocks(text: str) -> int:
+    value = positive_int(text)
+    if value > MAX_GPU_BLOCKS:
+        raise argparse.ArgumentTypeError(
+            f"{value} is more blocks than vLLM's int32 block ids reach ({MAX_GPU_BLOCKS})"
+        )
+    return value
+
+
+def aiter_version(text: str) -> str | None:
+    """``--aiter-version``: ``installed`` (kept as is), a PEP 440 version, or
+    ``unknown`` (None)."""
+    from packaging.version import InvalidVersion, Version
+
+    if text == "installed":
+        return text
+    if text.strip().lower() == "unknown":
+        return None
+    try:
+        Version(text)
+    except InvalidVersion:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a version (e.g. 0.1.22) or 'unknown'"
+        ) from None
+    return text.strip()
 
 
 def port(text: str) -> int:

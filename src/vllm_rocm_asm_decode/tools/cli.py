@@ -12,10 +12,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
 import sys
+import threading
+from collections.abc import Iterator
 
 from . import choices
 
@@ -101,6 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     plan.add_argument(
         "--aiter-version",
+        type=choices.aiter_version,
         default="installed",
         metavar="VERSION|unknown",
         help="the AITER version to plan for (default: the installed one, else unknown); "
@@ -109,7 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     plan.add_argument(
         "--num-gpu-blocks",
-        type=choices.positive_int,
+        type=choices.gpu_blocks,
         default=None,
         metavar="N",
         help="KV cache blocks per layer (the '# GPU blocks' vLLM logs at start-up): decides "
@@ -393,31 +397,45 @@ def _add_check_accuracy(check) -> None:
     )
 
 
+#: Seconds after which a command that is still loading says so on stderr.
+NOTE_AFTER = 1.0
+
+
+@contextlib.contextmanager
+def _said_after(seconds: float, note: str) -> Iterator[None]:
+    """``note`` on stderr if the block is still running after ``seconds``."""
+    timer = threading.Timer(seconds, lambda: print(note, file=sys.stderr, flush=True))
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+
+
 def _plan(args: argparse.Namespace) -> int:
     from ..settings import SettingError, check_all
 
     try:
         check_all()  # the plugin's settings, as vLLM would apply them
-        choices.resolve_model_dir(args.model)  # judged before vLLM is imported
-        from .plan import make_plan, parse_aiter_version, render
+        # What the arguments and config.json decide, before vLLM is imported.
+        model_dir, label = choices.resolve_model_dir(args.model)
+        choices.check_model_config(model_dir, args.tensor_parallel_size)
+        with _said_after(NOTE_AFTER, f"{PROG} plan: loading vLLM to read {label} ..."):
+            from .plan import make_plan, render
 
-        aiter_version = (
-            args.aiter_version
-            if args.aiter_version == "installed"
-            else parse_aiter_version(args.aiter_version)
-        )
-        plan = make_plan(
-            model=args.model,
-            gpu=args.gpu,
-            tensor_parallel_size=args.tensor_parallel_size,
-            kv_cache_dtype=args.kv_cache_dtype,
-            block_size=args.block_size,
-            dtype=args.dtype,
-            max_model_len=args.max_model_len,
-            aiter_version=aiter_version,
-            num_gpu_blocks=args.num_gpu_blocks,
-            cudagraph_mode=args.cudagraph_mode,
-        )
+            plan = make_plan(
+                model=args.model,
+                gpu=args.gpu,
+                tensor_parallel_size=args.tensor_parallel_size,
+                kv_cache_dtype=args.kv_cache_dtype,
+                block_size=args.block_size,
+                dtype=args.dtype,
+                max_model_len=args.max_model_len,
+                aiter_version=args.aiter_version,
+                num_gpu_blocks=args.num_gpu_blocks,
+                cudagraph_mode=args.cudagraph_mode,
+            )
     except (choices.InputError, SettingError) as exc:
         print(f"{PROG} plan: error: {exc}", file=sys.stderr)
         return 2

@@ -9,7 +9,11 @@ exactly as the builder asks them at run time.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
+import warnings
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -121,10 +125,16 @@ def resolve_gpu(name: str | None) -> Gpu:
     from vllm.platforms import current_platform
 
     if current_platform.is_rocm():
+        import torch
+
         from ..kernel import current_arch
 
         arch = current_arch()
-        return Gpu(f"live {arch}", arch, current_platform.num_compute_units())
+        try:
+            memory = torch.cuda.get_device_properties(0).total_memory // 1024**3
+        except (RuntimeError, AssertionError):  # ROCm, but torch cannot open the GPU
+            memory = None
+        return Gpu(f"live {arch}", arch, current_platform.num_compute_units(), memory)
     return GPUS[DEFAULT_GPU]
 
 
@@ -141,17 +151,32 @@ def kernel_table_for(arch: str) -> KernelTable:
     return fallback_table(arch)
 
 
+@contextlib.contextmanager
+def _one_voice() -> Iterator[None]:
+    """vLLM and Transformers log a config error (and warn) before they raise it; the
+    raised error alone is reported, as one line."""
+    disabled = logging.root.manager.disable
+    logging.disable(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        logging.disable(disabled)
+
+
 def _model_config(model_dir: Path, dtype: str, max_model_len: int | None):
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from vllm.config import ModelConfig
 
     try:
-        return ModelConfig(
-            model=str(model_dir),
-            skip_tokenizer_init=True,
-            dtype=dtype,
-            max_model_len=max_model_len,
-        )
+        with _one_voice():
+            return ModelConfig(
+                model=str(model_dir),
+                skip_tokenizer_init=True,
+                dtype=dtype,
+                max_model_len=max_model_len,
+            )
     except Exception as exc:  # vLLM's own validation errors, unreadable configs
         raise PlanError(f"vLLM refuses {model_dir}: {_what_is_wrong(exc)}") from exc
 
@@ -344,21 +369,6 @@ def switched_off() -> str | None:
     return None
 
 
-def parse_aiter_version(text: str) -> str | None:
-    """``--aiter-version``: a PEP 440 version, or ``unknown`` (None)."""
-    from packaging.version import InvalidVersion, Version
-
-    if text.strip().lower() == "unknown":
-        return None
-    try:
-        Version(text)
-    except InvalidVersion:
-        raise PlanError(
-            f"--aiter-version {text!r} is not a version (e.g. 0.1.22) or 'unknown'"
-        ) from None
-    return text.strip()
-
-
 def block_id_sentence(aiter: AiterBuild, num_gpu_blocks: int | None, page_bytes: int | None) -> str:
     """What the AITER version means for this deployment, in one line."""
     limit = safe_blocks(page_bytes)
@@ -404,6 +414,14 @@ def make_plan(
         block_size=block_size,
         num_blocks=num_gpu_blocks or 1,
     )
+    if num_gpu_blocks is not None and the_gpu.memory_gib is not None:
+        kv_bytes = num_gpu_blocks * kv_cache_bytes_per_block(layers)
+        if kv_bytes > the_gpu.memory_gib * 1024**3:
+            raise PlanError(
+                f"--num-gpu-blocks {num_gpu_blocks}: that KV cache takes "
+                f"{kv_bytes / 1024**3:.0f} GiB per rank, more than the {the_gpu.name}'s "
+                f"{the_gpu.memory_gib} GiB"
+            )
     version = installed_version() if aiter_version == "installed" else aiter_version
     aiter = AiterBuild(version, trusted=settings.trust_aiter())
     scales, scales_source = checkpoint_scales(model_dir, label, model_config, len(layers))
@@ -413,6 +431,12 @@ def make_plan(
         rejection_reasons(layer.impl, layer.kv_cache, model_config, table, aiter)
         for layer in layers
     ]
+    notes: list[str] = []
+    if os.environ.get("VLLM_ROCM_USE_AITER") is None:
+        notes.append(
+            "VLLM_ROCM_USE_AITER is unset here: planned as the deployment sets it to 1 (the "
+            "plugin needs it; unset, AITER and so the asm decode are off)"
+        )
     if off := switched_off():  # as vLLM would read the environment plan runs in
         per_layer = [[*r, off] for r in per_layer]
     eligible = [not r for r in per_layer]
@@ -437,7 +461,6 @@ def make_plan(
         {"num_seqs": n, "query_heads": n * heads, "kernel": "hip" if full else kernel(n)}
         for n in sizes
     ]
-    notes = []
     if full and any_eligible:
         notes.append(
             "cudagraph_mode FULL captures every graph as a mixed batch: the captured "
