@@ -14,6 +14,7 @@ import pytest
 from vllm_rocm_asm_decode.tools import choices
 from vllm_rocm_asm_decode.tools.cli import _glue_serve_args, main
 
+SHAREGPT_ON_THIS_FILE = ["--dataset=sharegpt", f"--dataset-path={__file__}"]
 STAND_IN_VLLM = str(Path(__file__).resolve().parents[1] / "standins" / "bin" / "vllm")
 CASES = {
     "tp-zero": (["plan", "-tp", "0"], "argument --tensor-parallel-size/-tp: 0 must be at least 1"),
@@ -57,8 +58,29 @@ CASES = {
     ),
     "host-unresolvable": (
         ["bench", "serve", "--model", "m", "--vllm", STAND_IN_VLLM, "--host", "no.such.invalid"],
-        "--host no.such.invalid does not resolve",
+        "--host 'no.such.invalid' does not resolve",
     ),
+    "serve-arg-port": (
+        ["bench", "serve", "--model", "m", "--vllm", STAND_IN_VLLM, "--serve-arg", "--port=9000"],
+        "--serve-arg --port=9000: bench serve sets --port itself; use bench serve's --port",
+    ),
+    "serve-arg-kv-dtype": (
+        ["bench", "serve", "--model", "m", "--vllm", STAND_IN_VLLM, "--serve-arg=--kv_cache_dtype"],
+        "--serve-arg --kv_cache_dtype: bench serve sets --kv-cache-dtype itself (both arms",
+    ),
+    "serve-arg-tp": (
+        ["bench", "serve", "--model", "m", "--vllm", STAND_IN_VLLM, "--serve-arg", "-tp 2"],
+        "bench serve sets -tp itself; use bench serve's --tensor-parallel-size",
+    ),
+    "dataset-path-alone": (
+        ["bench", "serve", "--model", "m", "--vllm", STAND_IN_VLLM, "--dataset-path", __file__],
+        "is read only with --dataset sharegpt (the random dataset has no file)",
+    ),
+    "sharegpt-not-json": (
+        ["bench", "serve", "--model=m", f"--vllm={STAND_IN_VLLM}", *SHAREGPT_ON_THIS_FILE],
+        "test_cli_input.py is not a JSON list",
+    ),
+    "host-empty": (["bench", "serve", "--model", "m", "--host", ""], "--host: must not be empty"),
     "passkey-url": (["check", "passkey", "--model", "m", "--base-url", "x"], "not an http(s) URL"),
     "passkey-timeout-inf": (
         ["check", "passkey", "--model", "m", "--timeout", "inf"],

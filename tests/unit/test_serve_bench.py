@@ -71,13 +71,32 @@ def test_bench_command_is_vllms_random_dataset_run():
 
 def test_bench_command_for_sharegpt(tmp_path):
     data = tmp_path / "sharegpt.json"
-    data.write_text("[]")
+    data.write_text(json.dumps([{"id": "a", "conversations": [{"from": "human", "value": "hi"}]}]))
     cmd = sb.bench_command(
         sb.ServeConfig(model="m", dataset="sharegpt", dataset_path=data), 64, 256, "x.json"
     )
     joined = " ".join(cmd)
     assert f"--dataset-name sharegpt --dataset-path {data}" in joined
     assert "--random-input-len" not in joined and "--ignore-eos" not in joined
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("", "is not a JSON list"),
+        ('{"conversations": []}', "is not a JSON list"),
+        ("  []", "is an empty JSON list"),
+        ('[{"conversations": [}', "is not JSON (Expecting value in its first entry)"),
+        ('[{"id": 1}, ', "has no 'conversations' list in its first entry"),
+        ("[1, 2]", "has no 'conversations' list in its first entry"),
+        ('\n[{"conversations": [{"from": "human", "value": "' + "x" * (3 << 20) + '"}]}', None),
+    ],
+    ids=["empty", "object", "empty-list", "broken", "no-conversations", "numbers", "long-entry"],
+)
+def test_a_sharegpt_file_is_judged_on_its_first_entry(tmp_path, text, says):
+    path = tmp_path / "data.json"
+    path.write_text(text)
+    assert sb.sharegpt_problem(path) == says
 
 
 @pytest.mark.parametrize(
@@ -357,7 +376,11 @@ def test_cli_exit_codes_and_json(tmp_path, monkeypatch, capsys):
     monkeypatch.delenv("FAKE_VLLM_QUIET")
     monkeypatch.setenv("FAKE_VLLM_SERVE_FAIL", "1")
     assert main(args) == 1
-    assert "before /health" in capsys.readouterr().err
+    captured = capsys.readouterr()
+    assert captured.out == ""  # nothing measured: no empty table
+    (line,) = [x for x in captured.err.splitlines() if "bench serve: error" in x]
+    assert "before /health" in line and line.endswith("(nothing was measured)")
+    assert "results so far kept" not in captured.err
 
 
 def test_serve_plot(tmp_path):

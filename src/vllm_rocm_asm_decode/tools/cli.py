@@ -258,8 +258,15 @@ def _add_bench_serve(bench) -> None:
         metavar="N",
         help="runs per arm, arms alternating (default 1)",
     )
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=choices.port, default=8000)
+    p.add_argument(
+        "--host",
+        type=choices.nonempty,
+        default="127.0.0.1",
+        help="the address both servers listen on and the client dials (default 127.0.0.1)",
+    )
+    p.add_argument(
+        "--port", type=choices.port, default=8000, help="the servers' port (default 8000)"
+    )
     p.add_argument(
         "--dataset",
         default="random",
@@ -466,7 +473,7 @@ def _bench_serve(args: argparse.Namespace) -> int:
         try:
             socket.getaddrinfo(args.host, args.port)
         except OSError as exc:
-            problem = f"--host {args.host} does not resolve ({exc.strerror or exc})"
+            problem = f"--host {args.host!r} does not resolve ({exc.strerror or exc})"
     if problem:
         print(f"{PROG} bench serve: error: {problem}", file=sys.stderr)
         return 2
@@ -487,7 +494,8 @@ def _bench_serve(args: argparse.Namespace) -> int:
     outcome = sb.run_ab(cfg, log=lambda line: print(line, file=sys.stderr, flush=True))
     sb.flag_outliers(outcome.results)
     rows = sb.summarize(outcome.results, cfg.baseline)
-    print(sb.render(rows, outcome.results, cfg.baseline, cfg.model, outcome.arms))
+    if outcome.results:  # nothing measured: no table of nothing
+        print(sb.render(rows, outcome.results, cfg.baseline, cfg.model, outcome.arms))
     try:
         if args.json:
             data = outcome.to_json() | {"summary": [vars(r) for r in rows]}
@@ -502,10 +510,12 @@ def _bench_serve(args: argparse.Namespace) -> int:
         )
         return 1
     if outcome.error:
-        print(
-            f"{PROG} bench serve: error: {outcome.error} (results so far kept in {cfg.result_dir})",
-            file=sys.stderr,
+        kept = (
+            f"results so far kept in {cfg.result_dir}"
+            if outcome.results
+            else "nothing was measured"
         )
+        print(f"{PROG} bench serve: error: {outcome.error} ({kept})", file=sys.stderr)
         return 130 if outcome.interrupted else 1
     unconfirmed = [f"{a.arm} repeat {a.repeat}" for a in outcome.arms if not a.confirmed]
     if unconfirmed:

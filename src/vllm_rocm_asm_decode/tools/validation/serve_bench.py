@@ -56,6 +56,57 @@ class ServeError(RuntimeError):
     """A run that could not complete; the message says what happened."""
 
 
+#: ``vllm serve`` options the harness sets itself, each with the ``bench serve`` option
+#: that sets it (None: fixed by the harness).
+OWNED_SERVE_OPTIONS = {
+    "--kv-cache-dtype": None,
+    "--host": "--host",
+    "--port": "--port",
+    "--max-model-len": "--max-model-len",
+    "--gpu-memory-utilization": "--gpu-memory-utilization",
+    "--tensor-parallel-size": "--tensor-parallel-size",
+    "-tp": "--tensor-parallel-size",
+}
+
+
+def owned_serve_option(arg: str) -> str | None:
+    """The harness-owned ``vllm serve`` option ``arg`` sets, if it sets one (vLLM
+    reads ``--a_b`` as ``--a-b``, and ``--a=v`` as ``--a v``)."""
+    head = arg.strip().split("=", 1)[0].split()[0] if arg.strip() else ""
+    name = head if not head.startswith("--") else "--" + head[2:].replace("_", "-")
+    return name if name in OWNED_SERVE_OPTIONS else None
+
+
+def sharegpt_problem(path: Path) -> str | None:
+    """Why ``path`` is not a ShareGPT JSON file (a JSON list whose entries hold a
+    ``conversations`` list), as a phrase after the path, judged on its first entry
+    (ShareGPT files run to hundreds of MB); None when it looks like one."""
+    decoder = json.JSONDecoder()
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read(1 << 20)
+            start = len(text) - len(text.lstrip())
+            if text[start : start + 1] != "[":
+                return "is not a JSON list"
+            rest = text[start + 1 :].lstrip()
+            if rest.startswith("]"):
+                return "is an empty JSON list"
+            while True:
+                try:
+                    first, _ = decoder.raw_decode(rest)
+                    break
+                except json.JSONDecodeError as exc:
+                    more = f.read(1 << 22)
+                    if not more or len(rest) > 1 << 26:
+                        return f"is not JSON ({exc.msg} in its first entry)"
+                    rest += more
+    except (OSError, UnicodeDecodeError) as exc:
+        return f"cannot be read ({exc})"
+    if not isinstance(first, dict) or not isinstance(first.get("conversations"), list):
+        return "has no 'conversations' list in its first entry"
+    return None
+
+
 @dataclass
 class ServeConfig:
     model: str
@@ -90,6 +141,23 @@ class ServeConfig:
                 "--dataset sharegpt needs --dataset-path FILE, a ShareGPT JSON file "
                 f"(got {self.dataset_path})"
             )
+        if self.dataset != "sharegpt" and self.dataset_path is not None:
+            raise ValueError(
+                f"--dataset-path {self.dataset_path} is read only with --dataset sharegpt "
+                f"(the {self.dataset} dataset has no file)"
+            )
+        if self.dataset == "sharegpt" and self.dataset_path is not None:
+            why = sharegpt_problem(Path(self.dataset_path))
+            if why:
+                raise ValueError(f"--dataset-path {self.dataset_path} {why}")
+        for arg in self.serve_args:
+            owned = owned_serve_option(arg)
+            if owned is not None:
+                ours = OWNED_SERVE_OPTIONS[owned]
+                raise ValueError(
+                    f"--serve-arg {arg}: bench serve sets {owned} itself"
+                    + (f"; use bench serve's {ours}" if ours else " (both arms need it)")
+                )
         if len(self.concurrencies) != len(self.num_prompts):
             raise ValueError(
                 f"{len(self.concurrencies)} concurrencies but {len(self.num_prompts)} "
