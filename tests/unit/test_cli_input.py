@@ -310,3 +310,36 @@ def test_plan_says_on_stderr_what_it_loads_when_it_takes_a_while(monkeypatch, ca
         "vllm-rocm-asm-decode plan: loading vLLM to read preset qwen3-14b-fp8 ..."
     ]
     assert captured.out.startswith("model      preset qwen3-14b-fp8")
+
+
+def test_passkey_lengths_given_twice_are_one_row(monkeypatch, capsys):
+    from vllm_rocm_asm_decode.tools.validation import passkey
+
+    asked = []
+
+    def ask(base_url, model, prompt, timeout):
+        asked.append((base_url, prompt.length))
+        return prompt.passkey
+
+    monkeypatch.setattr(passkey, "ask", ask)
+    argv = ["check", "passkey", "--model", "m", "--prompts", "2", "--lengths", "3000,3000,500"]
+    assert run([*argv, "--base-url", "http://h:9/v1/"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[2:] == ["| 3000 | 2/2 |", "| 500 | 2/2 |"]
+    assert {url for url, _ in asked} == {"http://h:9"} and len(asked) == 4
+    assert choices.seeds("3,1,3") == [3, 1]
+
+
+def test_passkey_http_404_says_where_it_posted(monkeypatch, capsys):
+    import io
+
+    from vllm_rocm_asm_decode.tools.validation import passkey
+
+    def urlopen(request, timeout):
+        raise urllib.error.HTTPError(request.full_url, 404, "Not Found", {}, io.BytesIO(b""))
+
+    monkeypatch.setattr(passkey.urllib.request, "urlopen", urlopen)
+    argv = ["check", "passkey", "--model", "m", "--prompts", "1", "--lengths", "100"]
+    assert run([*argv, "--base-url", "http://h:9/api"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "HTTP 404: Not Found (no completions endpoint at http://h:9/api/v1/completions" in line

@@ -267,11 +267,13 @@ def positive_ints(text: str) -> list[int]:
 
 
 def seeds(text: str) -> list[int]:
-    return int_list(text, minimum=0, maximum=2**32 - 1)
+    """Distinct seeds, in the order given."""
+    return list(dict.fromkeys(int_list(text, minimum=0, maximum=2**32 - 1)))
 
 
 def contexts(text: str) -> list[int]:
-    return int_list(text, maximum=MAX_CONTEXT)
+    """Distinct token counts, in the order given (a repeat would only merge its row)."""
+    return list(dict.fromkeys(int_list(text, maximum=MAX_CONTEXT)))
 
 
 def nonempty(text: str) -> str:
@@ -281,9 +283,12 @@ def nonempty(text: str) -> str:
 
 
 def http_url(text: str) -> str:
+    """A server's root URL; an OpenAI-style base URL ending in ``/v1`` is taken as its
+    root (the tools add ``/v1/...`` themselves)."""
     if not text.startswith(("http://", "https://")):
         raise argparse.ArgumentTypeError(f"{text!r} is not an http(s) URL")
-    return text.rstrip("/")
+    root = text.rstrip("/")
+    return root.removesuffix("/v1") if root.endswith("/v1") else root
 
 
 def precision(text: str) -> str:

@@ -363,7 +363,13 @@ def _add_check_passkey(check) -> None:
         "validation.passkey",
     )
     p.add_argument("--model", required=True, type=choices.nonempty, help="the served model name")
-    p.add_argument("--base-url", type=choices.http_url, default="http://127.0.0.1:8000")
+    p.add_argument(
+        "--base-url",
+        type=choices.http_url,
+        default="http://127.0.0.1:8000",
+        help="the server's URL, with or without /v1 (default http://127.0.0.1:8000); "
+        "prompts go to <url>/v1/completions",
+    )
     p.add_argument(
         "--lengths",
         type=choices.contexts,

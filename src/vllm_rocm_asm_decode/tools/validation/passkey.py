@@ -66,7 +66,13 @@ def ask(base_url: str, model: str, prompt: Prompt, timeout: float) -> str:
             reply = json.loads(response.read())
     except urllib.error.HTTPError as exc:  # keep the server's reason (e.g. a 400's message)
         detail = exc.read().decode(errors="replace").strip().replace("\n", " ")
-        raise ServerError(f"HTTP {exc.code}: {detail[:300] or exc.reason}") from None
+        hint = (
+            f" (no completions endpoint at {request.full_url}: is --base-url the vLLM "
+            "server's?)"
+            if exc.code == 404
+            else ""
+        )
+        raise ServerError(f"HTTP {exc.code}: {detail[:300] or exc.reason}{hint}") from None
     except ValueError as exc:
         raise ServerError(f"the reply is not JSON ({exc})") from None
     choices = reply.get("choices") if isinstance(reply, dict) else None
