@@ -5,6 +5,7 @@ version file), anchored on names, all or nothing, idempotent, refused for other 
 from __future__ import annotations
 
 import ast
+import os
 import re
 import shutil
 import subprocess
@@ -65,7 +66,7 @@ def test_check_writes_nothing_apply_writes_the_same_and_a_second_apply_nothing(t
     assert snapshot(tree) == before
     code, applied, _ = run(capsys, str(tree))
     assert code == 0
-    assert checked.splitlines()[1:] == applied.splitlines()[1:-1]  # the same diff stat
+    assert checked.splitlines()[1:] == applied.splitlines()[1:]  # the same diff stat
     assert "3 files changed" in applied and "(new)" in applied
     after = snapshot(tree)
     for argv in ((str(tree),), (str(tree), "--check"), (str(tree), "--stage", "1")):
@@ -467,3 +468,90 @@ def test_a_checkout_without_a_version_file_is_read_from_its_git_tag(tree, capsys
 def test_not_a_vllm_tree_is_one_line(tmp_path, capsys, make, message):
     code, out, err = run(capsys, str(make(tmp_path)))
     assert code == 2 and out == "" and message in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (
+            lambda t: (t / "vllm/_version.py").write_text("version = 0.33\n"),
+            "_version.py gives no version string ('version = 0.33'; vLLM writes __version__",
+        ),
+        (
+            lambda t: ((t / "vllm/_version.py").unlink(), (t / "vllm/_version.py").mkdir()),
+            "vllm/_version.py is a directory, not vLLM's version file",
+        ),
+        (
+            lambda t: ((t / upstream.ROCM_ATTN).unlink(), (t / upstream.ROCM_ATTN).mkdir()),
+            "rocm_attn.py is a directory, not vLLM's file",
+        ),
+    ],
+    ids=["unquoted-version", "version-dir", "rocm-attn-dir"],
+)
+def test_a_damaged_tree_is_named_for_what_is_wrong(tree, capsys, damage, message):
+    damage(tree)
+    for argv in ((str(tree), "--check"), (str(tree),)):
+        code, out, err = run(capsys, *argv)
+        assert code == 2 and out == "" and message in err and err.count("\n") == 1, err
+
+
+def test_the_vllm_package_given_for_its_tree_names_the_parent(tree, capsys):
+    code, _, err = run(capsys, str(tree / "vllm"))
+    assert code == 2 and err.count("\n") == 1
+    assert f"is the vllm package itself; give the directory that holds it ({tree.resolve()})" in err
+
+
+def test_the_git_hint_only_for_a_git_checkout(tree, capsys):
+    code, out, _ = run(capsys, str(tree))
+    assert code == 0 and "changed:" in out and "next: git" not in out
+    other = stock_tree(tree.parent / "checkout")
+    git = ["git", "-C", str(other), "-c", "user.email=t@t", "-c", "user.name=t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    code, out, _ = run(capsys, str(other))
+    assert code == 0 and out.splitlines()[-1].startswith("next: git add -A && pre-commit run")
+
+
+def test_runs_at_once_on_one_tree_all_succeed_and_agree(tree):
+    """Three runs on one tree at the same time (each stages files of its own)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    reference = stock_tree(tree.parent / "reference")
+    upstream.apply(reference, 3)
+    with ThreadPoolExecutor(3) as pool:
+        results = list(pool.map(lambda _: upstream.main(str(tree), False, 3), range(3)))
+    assert results == [0, 0, 0]
+    assert snapshot(tree) == snapshot(reference)
+
+
+def test_check_names_a_file_a_real_run_could_not_write(tree, capsys, monkeypatch):
+    """--check probes each directory it would write into, as the real run writes: a
+    probe that fails (read-only mount, permissions) is the real run's error, exit 2."""
+    import tempfile
+
+    real = tempfile.mkstemp
+    backends = (tree / upstream.ROCM_ATTN).parent.resolve()
+
+    def mkstemp(*args, dir=None, **kwargs):
+        if dir is not None and Path(dir).resolve() == backends:
+            raise PermissionError(13, "Permission denied")
+        return real(*args, dir=dir, **kwargs)
+
+    monkeypatch.setattr(tempfile, "mkstemp", mkstemp)
+    before = snapshot(tree)
+    code, out, err = run(capsys, str(tree), "--check")
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert f"cannot write {tree / upstream.ROCM_ATTN}: Permission denied; a real run" in err
+    code, _, err = run(capsys, str(tree))
+    assert code == 2 and f"cannot write {tree / upstream.ROCM_ATTN}" in err
+    assert "no file was changed" in err and snapshot(tree) == before
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes through file modes")
+def test_check_on_a_read_only_tree_says_so(tree, capsys):
+    backends = (tree / upstream.ROCM_ATTN).parent
+    backends.chmod(0o555)
+    try:
+        code, _, err = run(capsys, str(tree), "--check")
+    finally:
+        backends.chmod(0o755)
+    assert code == 2 and "Permission denied; a real run would fail" in err

@@ -109,15 +109,39 @@ def tree_version(root: Path) -> tuple[str, str]:
         if tag is not None:
             return tag.removeprefix("v"), "its git tag"
     version_file = root / "vllm" / "_version.py"
-    if version_file.is_file():
-        found = re.search(
-            r"^__version__\s*=\s*(?:version\s*=\s*)?['\"]([^'\"]+)['\"]",
-            _read(version_file),
-            re.MULTILINE,
+    if version_file.is_dir():
+        raise UpstreamError(f"{version_file} is a directory, not vLLM's version file")
+    if not version_file.exists():
+        raise UpstreamError(
+            f"cannot tell which vLLM {root} is: no vllm/_version.py and no v* git tag"
         )
-        if found:
-            return found[1], "vllm/_version.py"
-    raise UpstreamError(f"cannot tell which vLLM {root} is: no vllm/_version.py and no v* git tag")
+    text = _read(version_file)
+    found = re.search(
+        r"^__version__\s*(?::\s*str\s*)?=\s*(?:version\s*=\s*)?['\"]([^'\"]+)['\"]",
+        text,
+        re.MULTILINE,
+    )
+    if found:
+        return found[1], "vllm/_version.py"
+    said = re.search(r"^\s*(?:__version__|version)\b.*$", text, re.MULTILINE)
+    raise UpstreamError(
+        f"{version_file} gives no version string"
+        + (f" ({said[0].strip()!r}; vLLM writes __version__ = '0.33.0')" if said else "")
+    )
+
+
+def _not_a_tree(root: Path, rel: Path) -> str:
+    """Why ``root`` is not a tree this change can be written into, missing ``rel``."""
+    here = root / rel
+    if here.is_dir():
+        return f"{here} is a directory, not vLLM's file"
+    inside = Path(*rel.parts[1:])
+    if (root / inside).is_file() and rel.parts[0] == "vllm":
+        return (
+            f"{root} is the vllm package itself; give the directory that holds it "
+            f"({root.resolve().parent})"
+        )
+    return f"{root} is not a vLLM source tree (no {rel})"
 
 
 def check_tree(root: Path) -> str:
@@ -129,7 +153,7 @@ def check_tree(root: Path) -> str:
         if not root.is_dir():
             raise UpstreamError(f"{root} is not a directory")
         if not (root / ROCM_ATTN).is_file():
-            raise UpstreamError(f"{root} is not a vLLM source tree (no {ROCM_ATTN})")
+            raise UpstreamError(_not_a_tree(root, ROCM_ATTN))
         homes = {root.resolve(), (root / "vllm").resolve().parent}
         installed = sorted(p for home in homes for p in home.glob("vllm-*.dist-info"))
     except OSError as exc:
@@ -182,7 +206,7 @@ def changed_files(root: Path, stage: int = DEFAULT_STAGE) -> dict[Path, str]:
             if rel not in sources:
                 path = root / rel
                 if not path.is_file():
-                    raise UpstreamError(f"{root} is not a vLLM source tree (no {rel})")
+                    raise UpstreamError(_not_a_tree(root, rel))
                 sources[rel] = Source(rel, _read(path))
             edit(sources[rel])
     files = {rel: src.text for rel, src in sources.items()}
@@ -235,7 +259,12 @@ def apply(root: Path, stage: int = DEFAULT_STAGE) -> list[FileChange]:
             if old == text:
                 continue
             made += _make_parents(path)
-            temp = path.with_name(f".{path.name}.upstream~")
+            # A name of this run's own: runs on one tree at once never share a file.
+            fd, name = tempfile.mkstemp(
+                prefix=f".{path.name}.", suffix=".upstream~", dir=path.parent
+            )
+            os.close(fd)
+            temp = Path(name)
             staged.append((temp, path, old))
             temp.write_text(text, encoding="utf-8")
             if old is not None:
@@ -265,10 +294,14 @@ def _check_way(root: Path, rel: Path) -> None:
 
 def _make_parents(path: Path) -> list[Path]:
     """Create ``path``'s missing parent directories; returns them, outermost first."""
-    missing = [p for p in reversed(path.parents) if not p.exists()]
-    for directory in missing:
-        directory.mkdir()
-    return missing
+    made = []
+    for directory in [p for p in reversed(path.parents) if not p.exists()]:
+        try:
+            directory.mkdir()
+        except FileExistsError:  # another run made it meanwhile: not this run's
+            continue
+        made.append(directory)
+    return made
 
 
 def _undo(staged: list[tuple[Path, Path, str | None]], done: int, made: list[Path]) -> None:
@@ -306,9 +339,27 @@ def check(root: Path, stage: int = DEFAULT_STAGE) -> list[FileChange]:
             raise UpstreamError(f"cannot read {exc.filename}: {exc.strerror}") from None
         (copy / "vllm/_version.py").write_text(f"__version__ = {version!r}\n")
         try:
-            return apply(copy, stage)
+            changes = apply(copy, stage)
         except UpstreamError as exc:  # name the user's tree, not the copy
             raise UpstreamError(str(exc).replace(str(copy), str(root))) from None
+    for change in changes:
+        if why := _unwritable(root / change.path):
+            raise UpstreamError(f"cannot write {root / change.path}: {why}; a real run would fail")
+    return changes
+
+
+def _unwritable(path: Path) -> str | None:
+    """Why a run could not put a file at ``path`` (it writes a file beside it and
+    renames it over), found by doing so in the nearest directory that exists; None
+    when it can."""
+    directory = next(p for p in path.parents if p.exists())
+    try:
+        fd, name = tempfile.mkstemp(prefix=".upstream-probe-", dir=directory)
+    except OSError as exc:
+        return str(exc.strerror or exc)
+    os.close(fd)
+    os.unlink(name)
+    return None
 
 
 def diff_stat(changes: list[FileChange]) -> str:
@@ -350,5 +401,6 @@ def main(directory: str, dry_run: bool, stage: int = DEFAULT_STAGE) -> int:
         return 1
     print(f"{root}: changed:")
     print(diff_stat(changes))
-    print("next: git add -A && pre-commit run --files $(git diff --cached --name-only)")
+    if _git(root, "rev-parse", "--is-inside-work-tree") == "true":
+        print("next: git add -A && pre-commit run --files $(git diff --cached --name-only)")
     return 0

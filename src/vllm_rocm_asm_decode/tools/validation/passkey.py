@@ -67,8 +67,7 @@ def ask(base_url: str, model: str, prompt: Prompt, timeout: float) -> str:
     except urllib.error.HTTPError as exc:  # keep the server's reason (e.g. a 400's message)
         detail = exc.read().decode(errors="replace").strip().replace("\n", " ")
         hint = (
-            f" (no completions endpoint at {request.full_url}: is --base-url the vLLM "
-            "server's?)"
+            f" (no completions endpoint at {request.full_url}: is --base-url the vLLM server's?)"
             if exc.code == 404
             else ""
         )
