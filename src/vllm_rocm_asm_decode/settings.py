@@ -13,11 +13,11 @@
                               use its ultra-precision kernel (unproven upstream).
 
 A value that is not understood is an error that names the variable and the value: a
-typo must not silently change which kernel serves traffic. The values accepted are
-read as vLLM reads its own ROCm switches (``1``/``true`` on, ``0``/``false`` off, any
-case; the cut as ``int()`` reads it), so the in-tree form (``vllm/envs.py``) routes
-every accepted value the same way; what vLLM would quietly read as off (an empty value,
-``yes``, a typo) is an error here.
+typo must not silently change which kernel serves traffic. The flags take the values
+vLLM's own ROCm switches take as on or off (``1``/``true``, ``0``/``false``, any case,
+nothing around them); what vLLM would quietly read as off (an empty value, ``yes``,
+`` 1 ``, a typo) is an error here. The cut takes ASCII digits only. Every command reads
+them through this module, the same way.
 """
 
 from __future__ import annotations
@@ -89,14 +89,13 @@ def cut_override() -> int | None:
     raw = os.environ.get(CUT_ENV)
     if raw is None:
         return None
-    try:
-        value = int(raw)
-    except ValueError:
-        value = 0
+    # ASCII digits only, as the flags take their exact spellings: no spaces, signs,
+    # underscores or other scripts' digits, which int() would let through.
+    value = int(raw) if raw.isascii() and raw.isdigit() else 0
     if value <= 0:
         raise SettingError(
             f"{CUT_ENV}={raw!r} is not a positive whole number of query heads "
-            "(e.g. 512); unset it for the default of 2 x compute units"
+            "(ASCII digits, e.g. 512); unset it for the default of 2 x compute units"
         )
     return value
 

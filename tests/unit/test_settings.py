@@ -37,7 +37,7 @@ def test_switch_bad_value_names_variable_and_value(monkeypatch, raw):
     assert settings.SWITCH_ENV in str(err.value) and repr(raw) in str(err.value)
 
 
-@pytest.mark.parametrize(("raw", "expected"), [(None, None), ("640", 640), (" 1 ", 1)])
+@pytest.mark.parametrize(("raw", "expected"), [(None, None), ("640", 640), ("0512", 512)])
 def test_cut_values(monkeypatch, raw, expected):
     if raw is None:
         monkeypatch.delenv(settings.CUT_ENV, raising=False)
@@ -46,7 +46,23 @@ def test_cut_values(monkeypatch, raw, expected):
     assert settings.cut_override() == expected
 
 
-@pytest.mark.parametrize("raw", ["0", "-512", "512.5", "lots", "2e3", ""])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        "0",
+        "-512",
+        "+512",
+        "512.5",
+        "lots",
+        "2e3",
+        "",
+        " 512 ",
+        "512\n",
+        "5_12",
+        "\u0665\u0661\u0662",
+    ],
+    ids=lambda v: repr(v),
+)
 def test_cut_bad_value_names_variable_and_value(monkeypatch, raw):
     monkeypatch.setenv(settings.CUT_ENV, raw)
     with pytest.raises(settings.SettingError) as err:
@@ -83,3 +99,26 @@ def test_trust_aiter_bad_value_names_variable_and_value(monkeypatch, raw):
         with pytest.raises(settings.SettingError) as err:
             check()
         assert settings.TRUST_ENV in str(err.value) and repr(raw) in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("command", "env"),
+    [
+        (["check", "accuracy"], {"VLLM_ROCM_ASM_DECODE": "maybe"}),
+        (["bench", "kernel"], {"VLLM_ROCM_ASM_DECODE": " 1 "}),
+        (["check", "accuracy"], {"VLLM_ROCM_ASM_DECODE_CUT": " 512 "}),
+        (["plan"], {"VLLM_ROCM_ASM_DECODE_CUT": "\u0665\u0661\u0662"}),
+    ],
+    ids=["accuracy-switch", "kernel-switch", "accuracy-cut", "plan-cut"],
+)
+def test_every_command_refuses_a_bad_setting_alike(command, env, monkeypatch, capsys):
+    """The same values are refused by plan, check accuracy and bench kernel (and by
+    register(), tests/e2e/test_plugin.py), in one line naming the variable."""
+    from vllm_rocm_asm_decode.tools.cli import main
+
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert main(command) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    ((name, value),) = env.items()
+    assert f"{name}={value!r}" in line

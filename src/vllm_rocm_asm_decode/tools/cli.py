@@ -550,6 +550,14 @@ def _doctor(args: argparse.Namespace) -> int:
     return report.exit_code
 
 
+def _settings_problem() -> str | None:
+    """Every plugin setting that does not parse, in one line (as ``plan`` and vLLM
+    refuse them); None when all do."""
+    from .. import settings
+
+    return "; ".join(settings.problems()) or None
+
+
 def _plugin_settings_problem() -> str | None:
     """What in this environment would stop both arms' servers, or keep the plugin out of
     the candidate's (``bench serve`` sets ``VLLM_ROCM_ASM_DECODE`` per arm itself)."""
@@ -623,12 +631,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "bench" and args.bench == "serve":
         return _bench_serve(args)
     if args.command == "bench" and args.bench == "kernel":
-        from .validation.kernel_bench import main as bench_kernel
-
         for option, path in (("--json", args.json), ("--plot", args.plot)):
             if path and (problem := _unwritable(path)):
                 print(f"{PROG} bench kernel: error: {option} {path}: {problem}", file=sys.stderr)
                 return 2
+        if problem := _settings_problem():
+            print(f"{PROG} bench kernel: error: {problem}", file=sys.stderr)
+            return 2
+        from .validation.kernel_bench import main as bench_kernel
 
         return bench_kernel(args)
     if args.command == "check" and args.check == "passkey":
@@ -636,11 +646,13 @@ def main(argv: list[str] | None = None) -> int:
 
         return check_passkey(args)
     if args.command == "check" and args.check == "accuracy":
-        from .validation.accuracy import main as check_accuracy
-
         if args.json and (problem := _unwritable(args.json)):
             print(f"{PROG} check accuracy: error: --json {args.json}: {problem}", file=sys.stderr)
             return 2
+        if problem := _settings_problem():
+            print(f"{PROG} check accuracy: error: {problem}", file=sys.stderr)
+            return 2
+        from .validation.accuracy import main as check_accuracy
 
         return check_accuracy(args)
     raise AssertionError(args.command)
