@@ -10,6 +10,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from importlib.util import find_spec
 from pathlib import Path
 
@@ -162,10 +163,14 @@ def test_a_failure_while_replacing_puts_every_file_back(tree, capsys, monkeypatc
     assert sorted(p for p in tree.rglob("*") if p.is_dir()) == dirs_before
 
 
-def test_file_modes_are_kept(tree):
+def test_file_modes_are_kept_and_new_files_get_the_umasks(tree):
     (tree / upstream.AITER_OPS).chmod(0o755)
-    upstream.apply(tree)
+    plain = tree / "plain"
+    plain.write_text("")  # what any new file gets here
+    upstream.apply(tree, 3)
     assert (tree / upstream.AITER_OPS).stat().st_mode & 0o777 == 0o755
+    for new in (upstream.KERNEL_TEST, upstream.SCALE_TABLES):
+        assert (tree / new).stat().st_mode & 0o777 == plain.stat().st_mode & 0o777
 
 
 def test_a_symlink_into_an_installed_vllm_is_refused(tree, tmp_path, capsys):
@@ -512,14 +517,35 @@ def test_the_git_hint_only_for_a_git_checkout(tree, capsys):
 
 
 def test_runs_at_once_on_one_tree_all_succeed_and_agree(tree):
-    """Three runs on one tree at the same time (each stages files of its own)."""
-    from concurrent.futures import ThreadPoolExecutor
-
+    """Three processes writing into one tree at the same time (each stages files of its
+    own), as three shells would."""
     reference = stock_tree(tree.parent / "reference")
     upstream.apply(reference, 3)
-    with ThreadPoolExecutor(3) as pool:
-        results = list(pool.map(lambda _: upstream.main(str(tree), False, 3), range(3)))
-    assert results == [0, 0, 0]
+    go = tree.parent / "go"
+    # Each process loads the command, then waits for the others: the runs overlap.
+    code = (
+        "import sys, time\n"
+        "from pathlib import Path\n"
+        "from vllm_rocm_asm_decode.tools.cli import main\n"
+        "while not Path(sys.argv[1]).exists():\n"
+        "    time.sleep(0.001)\n"
+        "sys.exit(main(['upstream', sys.argv[2], '--stage', '3']))\n"
+    )
+    runs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, str(go), str(tree)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        for _ in range(3)
+    ]
+    time.sleep(1.0)
+    go.touch()
+    results = [(run.wait(timeout=120), run.stderr.read().decode()) for run in runs]
+    for run in runs:
+        run.stdout.close()
+        run.stderr.close()
+    assert results == [(0, "")] * 3
     assert snapshot(tree) == snapshot(reference)
 
 

@@ -269,6 +269,8 @@ def apply(root: Path, stage: int = DEFAULT_STAGE) -> list[FileChange]:
             temp.write_text(text, encoding="utf-8")
             if old is not None:
                 shutil.copymode(path, temp)
+            else:  # mkstemp's 0600 would make the new file private
+                os.chmod(temp, _new_file_mode())
             changes.append(FileChange(rel, *diff_counts(old or "", text), new=old is None))
         for temp, path, _ in staged:
             os.replace(temp, path)
@@ -279,6 +281,13 @@ def apply(root: Path, stage: int = DEFAULT_STAGE) -> list[FileChange]:
             f"cannot write {path}: {exc.strerror or exc}; no file was changed"
         ) from None
     return changes
+
+
+def _new_file_mode() -> int:
+    """The mode ``open()`` gives a new file under the process's umask."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
 
 
 def _check_way(root: Path, rel: Path) -> None:
