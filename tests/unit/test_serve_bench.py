@@ -14,6 +14,13 @@ from vllm_rocm_asm_decode.tools.validation import serve_bench as sb
 FAKE_VLLM = str(Path(__file__).resolve().parents[1] / "standins" / "bin" / "vllm")
 
 
+@pytest.fixture(autouse=True)
+def quick_health_polls(monkeypatch):
+    """The stand-in server answers within a second; ask it often (real servers take
+    minutes and are asked every half second)."""
+    monkeypatch.setattr(sb, "HEALTH_POLL_SECONDS", 0.05)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

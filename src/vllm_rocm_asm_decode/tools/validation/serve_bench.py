@@ -52,6 +52,10 @@ BASELINE_SWITCH = {"plugin-off": "VLLM_ROCM_ASM_DECODE=0", "mha-off": "VLLM_ROCM
 _ELIGIBLE = re.compile(r"ROCM_ATTN asm decode: (\d+) of (\d+) layers eligible")
 
 
+#: How often a starting server's /health is asked.
+HEALTH_POLL_SECONDS = 0.5
+
+
 class ServeError(RuntimeError):
     """A run that could not complete; the message says what happened."""
 
@@ -310,7 +314,7 @@ class Server:
                         return
             except (urllib.error.URLError, OSError):
                 pass
-            time.sleep(0.5)
+            time.sleep(HEALTH_POLL_SECONDS)
         raise ServeError(
             f"{self.arm} server did not answer /health within {self.cfg.health_timeout:.0f} s "
             f"(log: {self.log_path})"
