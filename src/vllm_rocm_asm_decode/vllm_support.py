@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from importlib.util import find_spec
 from pathlib import Path
 
+from .kernel import REQUIRED_PARAMETERS
+
 #: The vLLM release series this plugin release is written for.
 SUPPORTED_SERIES = (0, 33)
 
@@ -104,20 +106,11 @@ EXTENSION_POINTS: tuple[ExtensionPoint, ...] = (
         ),
         positional=True,
     ),
+    # The core's call, less high_precision (aiter_ops passes it where vLLM does not).
     ExtensionPoint(
         "vllm._aiter_ops",
         "rocm_aiter_ops.pa_fwd_asm",
-        (
-            "Q",
-            "K",
-            "V",
-            "block_tables",
-            "context_lens",
-            "block_tables_stride0",
-            "K_QScale",
-            "V_QScale",
-            "out_",
-        ),
+        tuple(p for p in REQUIRED_PARAMETERS if p != "high_precision"),
     ),
     ExtensionPoint("vllm._aiter_ops", "rocm_aiter_ops.is_enabled"),
     ExtensionPoint("vllm._aiter_ops", "rocm_aiter_ops.is_mha_enabled"),

@@ -192,15 +192,13 @@ def stage1_rocm_attn(src: Source) -> None:
     add_runtime_block(src, "core", lambda: _logger(src))
 
     metadata = src.find("RocmAttentionMetadata")
-    if not src.carries(_METADATA_FIELDS, "use_asm_decode:", metadata, "RocmAttentionMetadata"):
-        last = metadata.body[-1]
-        src.insert_after_line(last.end_lineno or last.lineno, "\n" + _METADATA_FIELDS)
+    _append_to_body(
+        src, metadata, _METADATA_FIELDS, "use_asm_decode:", "RocmAttentionMetadata", lead="\n"
+    )
 
     builder = "RocmAttentionMetadataBuilder"
     init = src.find_def(builder, "__init__")
-    if not src.carries(_BUILDER_INIT, "asm_decode_enabled", init, f"{builder}.__init__"):
-        last = init.body[-1]
-        src.insert_after_line(last.end_lineno or last.lineno, _BUILDER_INIT)
+    _append_to_body(src, init, _BUILDER_INIT, "asm_decode_enabled", f"{builder}.__init__")
     init = src.find_def(builder, "__init__")
     if not src.carries(
         _BUILDER_BIND, "def _bind_asm_decode", None, builder, later=(_STAGE_3_BIND,)
@@ -209,9 +207,7 @@ def stage1_rocm_attn(src: Source) -> None:
 
     build = src.find_def(builder, "build")
     where = f"{builder}.build"
-    if not src.carries(_BUILD_DECIDE, "use_asm_decode(", build, where):
-        target = src.statement(build, _metadata_assignment(src, build), where)
-        src.insert_after_line(target.lineno - 1, _BUILD_DECIDE.rstrip("\n"))
+    _before_metadata(src, build, _BUILD_DECIDE, "use_asm_decode(", where)
     build = src.find_def(builder, "build")
     call = _metadata_call(src, build, where)
     keywords = {k.arg: k for k in call.keywords}
@@ -253,6 +249,25 @@ def _metadata_assignment(src: Source, build: ast.FunctionDef) -> str:
             "RocmAttentionMetadataBuilder.build: no `attn_metadata = RocmAttentionMetadata(...)`"
         )
     return src.segment(node)
+
+
+def _append_to_body(
+    src: Source, node: ast.AST, text: str, marker: str, where: str, lead: str = ""
+) -> None:
+    """``text`` after the last statement of ``node``'s body, unless it is there."""
+    if not src.carries(text, marker, node, where):
+        last = node.body[-1]  # type: ignore[attr-defined]
+        src.insert_after_line(last.end_lineno or last.lineno, lead + text)
+
+
+def _before_metadata(
+    src: Source, build: ast.FunctionDef, text: str, marker: str, where: str
+) -> None:
+    """``text`` before ``build``'s ``attn_metadata = RocmAttentionMetadata(...)``,
+    unless it is there."""
+    if not src.carries(text, marker, build, where):
+        target = src.statement(build, _metadata_assignment(src, build), where)
+        src.insert_after_line(target.lineno - 1, text.rstrip("\n"))
 
 
 def _metadata_call(src: Source, build: ast.FunctionDef, where: str) -> ast.Call:
@@ -349,21 +364,15 @@ def stage2_rocm_attn(src: Source) -> None:
     add_runtime_block(src, "mixed", lambda: src.find("asm_decode"))
 
     metadata = src.find("RocmAttentionMetadata")
-    if not src.carries(_SPLIT_FIELD, "asm_split:", metadata, "RocmAttentionMetadata"):
-        last = metadata.body[-1]
-        src.insert_after_line(last.end_lineno or last.lineno, _SPLIT_FIELD)
+    _append_to_body(src, metadata, _SPLIT_FIELD, "asm_split:", "RocmAttentionMetadata")
 
     builder = "RocmAttentionMetadataBuilder"
     init = src.find_def(builder, "__init__")
-    if not src.carries(_SPLIT_INIT, "asm_split_reorders", init, f"{builder}.__init__"):
-        last = init.body[-1]
-        src.insert_after_line(last.end_lineno or last.lineno, _SPLIT_INIT)
+    _append_to_body(src, init, _SPLIT_INIT, "asm_split_reorders", f"{builder}.__init__")
 
     build = src.find_def(builder, "build")
     where = f"{builder}.build"
-    if not src.carries(_SPLIT_BUILD, "split_asm_decode(", build, where):
-        target = src.statement(build, _metadata_assignment(src, build), where)
-        src.insert_after_line(target.lineno - 1, _SPLIT_BUILD.rstrip("\n"))
+    _before_metadata(src, build, _SPLIT_BUILD, "split_asm_decode(", where)
     call = _metadata_call(src, src.find_def(builder, "build"), where)
     keywords = {k.arg: k for k in call.keywords}
     if "asm_split=asm_split," not in src.segment(call):
@@ -432,26 +441,32 @@ def stage2_paged_decode(src: Source) -> None:
 # Stage 3
 
 
-_STAGE_3_BIND = """\
-
-    def _bind_asm_decode(self) -> None:
-        \"\"\"Map each layer pa_fwd_asm can decode to its per-slot scale tables.\"\"\"
-        from vllm.platforms.rocm import _GCN_ARCH
-
-        layers = self.vllm_config.compilation_config.static_forward_context
-        self.asm_cut = ASM_HEADS_PER_CU * num_compute_units(self.device.index or 0)
-        self.asm_scales = {}
-        for layer in (layers[name] for name in self.layer_names):
-            reasons = asm_decode_rejections(
-                layer.impl, layer.kv_cache, self.vllm_config.model_config, _GCN_ARCH
+# Stage 1's binding, on the builder's own aliased tables instead of FA's shared ones.
+_STAGE_1_TABLES = (
+    """\
+        from vllm.v1.attention.backends.rocm_aiter_fa import (
+            AiterFlashAttentionMetadataBuilder,
+        )
+""",
+    """\
+        tables = AiterFlashAttentionMetadataBuilder.asm_kv_scale_tables
+""",
+    """\
+            self.asm_scales[layer] = (
+                tables.get(self.device, *shape, layer._k_scale_float),
+                tables.get(self.device, *shape, layer._v_scale_float),
             )
-            if reasons:
-                logger.debug_once("ROCM_ATTN: HIP decode for %s", ", ".join(reasons))
-                continue
-            shape = (layer.kv_cache.shape[0], layer.impl.num_kv_heads, ASM_BLOCK_SIZE)
-            self.asm_scales[layer] = self.asm_tables.get(layer, shape)
-        if self.asm_scales:
-            logger.info_once("ROCM_ATTN: asm decode above %d query heads", self.asm_cut)"""
+""",
+)
+_STAGE_3_BIND = (
+    _STAGE_1_BIND.replace(_STAGE_1_TABLES[0], "")
+    .replace(_STAGE_1_TABLES[1], "")
+    .replace(
+        _STAGE_1_TABLES[2],
+        "            self.asm_scales[layer] = self.asm_tables.get(layer, shape)\n",
+    )
+)
+assert all(part in _STAGE_1_BIND for part in _STAGE_1_TABLES)
 
 _TABLES_INIT = """\
         # Per-slot scale tables for AITER's asm decode, released with this builder.
@@ -484,9 +499,7 @@ def stage3_rocm_attn(src: Source) -> None:
     src.ensure_import("vllm.v1.attention.backends.asm_scale_tables", "AsmScaleTables")
     builder = "RocmAttentionMetadataBuilder"
     init = src.find_def(builder, "__init__")
-    if not src.carries(_TABLES_INIT, "self.asm_tables =", init, f"{builder}.__init__"):
-        last = init.body[-1]
-        src.insert_after_line(last.end_lineno or last.lineno, _TABLES_INIT)
+    _append_to_body(src, init, _TABLES_INIT, "self.asm_tables =", f"{builder}.__init__")
     bind = src.find_def(builder, "_bind_asm_decode")
     if not src.carries(_STAGE_3_BIND, "self.asm_tables.get(", bind, f"{builder}.bind"):
         start = (bind.decorator_list[0] if bind.decorator_list else bind).lineno
@@ -495,9 +508,7 @@ def stage3_rocm_attn(src: Source) -> None:
         src.replace_lines(start, bind.end_lineno or start, _STAGE_3_BIND.lstrip("\n"))
     build = src.find_def(builder, "build")
     where = f"{builder}.build"
-    if not src.carries(_FOLLOW_RELOAD, "follow_reload", build, where):
-        target = src.statement(build, _metadata_assignment(src, build), where)
-        src.insert_after_line(target.lineno - 1, _FOLLOW_RELOAD.rstrip("\n"))
+    _before_metadata(src, build, _FOLLOW_RELOAD, "follow_reload", where)
 
 
 def stage3_rocm_aiter_fa(src: Source) -> None:
@@ -528,9 +539,7 @@ def stage3_rocm_aiter_fa(src: Source) -> None:
             raise src.moved(f"{where}: no early return")
         src.insert_after_line(src.comment_start(first) - 1, _FOLLOW_RELOAD.rstrip("\n"))
     init = src.find_def(builder, "__init__")
-    if not src.carries(_TABLES_INIT, "self.asm_tables =", init, f"{builder}.__init__"):
-        last = init.body[-1]
-        src.insert_after_line(last.end_lineno or last.lineno, _TABLES_INIT)
+    _append_to_body(src, init, _TABLES_INIT, "self.asm_tables =", f"{builder}.__init__")
     # AsmKvScaleTables and the builder's class-wide instance of it are no longer used.
     cls = src.find(builder)
     store = next(
