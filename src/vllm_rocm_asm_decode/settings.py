@@ -91,11 +91,13 @@ def cut_override() -> int | None:
         return None
     # ASCII digits only, as the flags take their exact spellings: no spaces, signs,
     # underscores or other scripts' digits, which int() would let through.
-    value = int(raw) if raw.isascii() and raw.isdigit() else 0
+    value = int(raw) if raw.isascii() and raw.isdigit() and len(raw) <= 12 else 0
     if value <= 0:
+        shown = raw if len(raw) <= 40 else raw[:40] + "..."
         raise SettingError(
-            f"{CUT_ENV}={raw!r} is not a positive whole number of query heads "
-            "(ASCII digits, e.g. 512); unset it for the default of 2 x compute units"
+            f"{CUT_ENV}={shown!r} is not a positive whole number of query heads "
+            "(at most 12 ASCII digits, e.g. 512); unset it for the default of "
+            "2 x compute units"
         )
     return value
 

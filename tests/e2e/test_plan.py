@@ -571,3 +571,24 @@ def test_full_mode_in_text_and_json(capsys):
     assert out["cudagraph_mode"] == "FULL"
     assert {b["kernel"] for b in out["batches"]} == {"hip"}
     assert out["mixed_asm_from_decodes"] is None
+
+
+def test_the_dtype_defaults_to_the_checkpoints_as_vllm_does(tmp_path):
+    """vLLM's --dtype auto takes the checkpoint's torch_dtype: an fp16 checkpoint plans
+    fp16 (HIP until proven) unless --dtype says otherwise."""
+    from vllm_rocm_asm_decode.eligibility import FP16_UNPROVEN
+
+    model = str(
+        harness.write_model_dir(
+            tmp_path, num_heads=32, num_kv_heads=8, extra={"torch_dtype": "float16"}
+        )
+    )
+    plan = make_plan(model=model, gpu="mi355x", aiter_version="0.1.22")
+    assert plan.dtype == "float16" and plan.reasons == [FP16_UNPROVEN]
+    assert make_plan(model=model, gpu="mi355x", dtype="bfloat16").eligible
+
+
+def test_a_page_past_2_gib_is_said_plainly(capsys):
+    argv = ["plan", "--gpu", "mi355x", "--block-size", "99999999", "--aiter-version", "0.1.16"]
+    assert main(argv) == 0
+    assert "ends past 2 GiB: every layer keeps HIP" in capsys.readouterr().out

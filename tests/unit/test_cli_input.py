@@ -81,6 +81,23 @@ CASES = {
         "test_cli_input.py is not a JSON list",
     ),
     "host-empty": (["bench", "serve", "--model", "m", "--host", ""], "--host: must not be empty"),
+    "host-label-too-long": (
+        ["bench", "serve", "--model", "m", "--vllm", STAND_IN_VLLM, "--host", "a" * 64 + ".x"],
+        "does not resolve (encoding with 'idna' codec failed",
+    ),
+    "gpu-unknown": (["plan", "--gpu", "mi250"], "argument --gpu: unknown GPU 'mi250'; choose"),
+    "passkey-port-text": (
+        ["check", "passkey", "--model", "m", "--base-url", "http://127.0.0.1:abc"],
+        "'http://127.0.0.1:abc': the host or port is not valid",
+    ),
+    "passkey-url-space": (
+        ["check", "passkey", "--model", "m", "--base-url", "http://h/a b"],
+        "'http://h/a b' has spaces or control characters",
+    ),
+    "passkey-no-host": (
+        ["check", "passkey", "--model", "m", "--base-url", "http://"],
+        "'http://' is not an http(s) URL with a host",
+    ),
     "passkey-url": (["check", "passkey", "--model", "m", "--base-url", "x"], "not an http(s) URL"),
     "passkey-timeout-inf": (
         ["check", "passkey", "--model", "m", "--timeout", "inf"],
@@ -165,6 +182,7 @@ CONFIG_CASES = {
         ["-tp", "12"],
         "--tensor-parallel-size 12 neither divides the 8 KV heads nor is a multiple of them",
     ),
+    "no-layer-count": ({"num_hidden_layers": None}, [], "has no layer count (num_hidden_layers)"),
     "nested-text-config": (
         {"text_config": {"num_attention_heads": 40, "num_hidden_layers": 0}},
         [],
@@ -180,6 +198,7 @@ def _config_case(root: Path, case: str) -> list[str]:
         config = {"model_type": "llava", "text_config": edit["text_config"]}
     else:
         config.update(edit)
+        config = {k: v for k, v in config.items() if v is not None}  # None: left out
     model = root / case
     model.mkdir()
     (model / "config.json").write_text(json.dumps(config))
@@ -293,53 +312,86 @@ def test_bench_serve_refuses_an_environment_that_would_stop_or_skip_the_plugin(
     assert len(err) == 1 and message in err[0], err
 
 
-def test_plan_says_on_stderr_what_it_loads_when_it_takes_a_while(monkeypatch, capsys):
+def test_plan_says_on_a_terminal_what_it_loads_when_it_takes_a_while(monkeypatch, capsys):
+    """On a terminal the note shows while vLLM loads and is erased after (an error that
+    follows stays one line); a pipe or a log gets no note."""
     import time
 
     from vllm_rocm_asm_decode.tools import cli
 
+    with cli._said_after(0.0, "piped"):
+        time.sleep(0.1)
+    assert capsys.readouterr().err == ""
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
     with cli._said_after(0.05, "slow"):
         time.sleep(0.3)
     with cli._said_after(5.0, "never"):
         pass
-    assert capsys.readouterr().err.splitlines() == ["slow"]
+    assert capsys.readouterr().err == "slow\r\033[K"
     monkeypatch.setattr(cli, "NOTE_AFTER", 0.0)
     assert main(["plan", "--gpu", "mi355x"]) == 0
     captured = capsys.readouterr()
-    assert captured.err.splitlines() == [
-        "vllm-rocm-asm-decode plan: loading vLLM to read preset qwen3-14b-fp8 ..."
-    ]
+    note = "vllm-rocm-asm-decode plan: loading vLLM to read preset qwen3-14b-fp8 ..."
+    assert captured.err == note + "\r\033[K"
     assert captured.out.startswith("model      preset qwen3-14b-fp8")
 
 
-def test_passkey_lengths_given_twice_are_one_row(monkeypatch, capsys):
-    from vllm_rocm_asm_decode.tools.validation import passkey
+def test_the_heavy_commands_say_what_is_missing_without_torch_or_vllm(monkeypatch, capsys):
+    import importlib.util
 
-    asked = []
-
-    def ask(base_url, model, prompt, timeout):
-        asked.append((base_url, prompt.length))
-        return prompt.passkey
-
-    monkeypatch.setattr(passkey, "ask", ask)
-    argv = ["check", "passkey", "--model", "m", "--prompts", "2", "--lengths", "3000,3000,500"]
-    assert run([*argv, "--base-url", "http://h:9/v1/"]) == 0
-    out = capsys.readouterr().out.splitlines()
-    assert out[2:] == ["| 3000 | 2/2 |", "| 500 | 2/2 |"]
-    assert {url for url, _ in asked} == {"http://h:9"} and len(asked) == 4
-    assert choices.seeds("3,1,3") == [3, 1]
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a)
+    )
+    for argv in (["plan"], ["doctor"], ["bench", "kernel"], ["check", "accuracy"]):
+        assert run(argv) == 2
+        (line,) = capsys.readouterr().err.strip().splitlines()
+        assert line.startswith(f"vllm-rocm-asm-decode {' '.join(argv)}: error: torch not ")
 
 
-def test_passkey_http_404_says_where_it_posted(monkeypatch, capsys):
-    import io
+def test_bench_serve_refuses_a_taken_port_and_a_plot_without_matplotlib(monkeypatch, capsys):
+    import importlib.util
+    import socket
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = str(held.getsockname()[1])
+        argv = ["bench", "serve", "--model", "m", "--vllm", STAND_IN_VLLM, "--port", port]
+        assert run(argv) == 2
+        (line,) = capsys.readouterr().err.strip().splitlines()
+        assert f"--host '127.0.0.1' --port {port}: cannot listen there" in line
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda n, *a: None if n == "matplotlib" else real(n, *a)
+    )
+    assert run(["bench", "serve", "--model", "m", "--vllm", STAND_IN_VLLM, "--plot", "p.png"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "--plot p.png needs matplotlib" in line
+
+
+@pytest.mark.parametrize(
+    ("reply", "says"),
+    [
+        ("bad-status", "the reply is not an HTTP answer (BadStatusLine)"),
+        ("incomplete", "the reply is not an HTTP answer (IncompleteRead)"),
+        (json.dumps({"choices": {"a": 1}}).encode(), "the reply has no completion text"),
+    ],
+    ids=["not-http", "cut-short", "choices-not-a-list"],
+)
+def test_passkey_replies_that_are_not_completions_are_one_line(reply, says, monkeypatch, capsys):
+    import http.client
 
     from vllm_rocm_asm_decode.tools.validation import passkey
 
     def urlopen(request, timeout):
-        raise urllib.error.HTTPError(request.full_url, 404, "Not Found", {}, io.BytesIO(b""))
+        if reply == "bad-status":
+            raise http.client.BadStatusLine("garbage")
+        if reply == "incomplete":
+            raise http.client.IncompleteRead(b"{")
+        return _Reply(reply)
 
     monkeypatch.setattr(passkey.urllib.request, "urlopen", urlopen)
-    argv = ["check", "passkey", "--model", "m", "--prompts", "1", "--lengths", "100"]
-    assert run([*argv, "--base-url", "http://h:9/api"]) == 2
+    assert run(["check", "passkey", "--model", "m", "--prompts", "1", "--lengths", "100"]) == 2
     (line,) = capsys.readouterr().err.strip().splitlines()
-    assert "HTTP 404: Not Found (no completions endpoint at http://h:9/api/v1/completions" in line
+    assert says in line

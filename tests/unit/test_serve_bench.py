@@ -396,3 +396,16 @@ def test_serve_plot(tmp_path):
     results = [run("plugin-off", 64, 4850, 15.5), run("asm-decode", 64, 5105, 16.5)]
     plot_serve(sb.summarize(results, "plugin-off"), "plugin-off", "m", str(tmp_path / "s.png"))
     assert (tmp_path / "s.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [(None, "wrote no result file"), ("not json", "is not a vllm bench serve result")],
+    ids=["missing", "garbage"],
+)
+def test_a_missing_or_broken_result_file_is_a_serve_error(tmp_path, content, says):
+    path = tmp_path / "r.json"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(sb.ServeError, match=says):
+        sb.parse_result(path, "asm-decode", 0)

@@ -60,6 +60,7 @@ def test_cut_values(monkeypatch, raw, expected):
         "512\n",
         "5_12",
         "\u0665\u0661\u0662",
+        "9" * 13,
     ],
     ids=lambda v: repr(v),
 )
@@ -122,3 +123,10 @@ def test_every_command_refuses_a_bad_setting_alike(command, env, monkeypatch, ca
     (line,) = capsys.readouterr().err.strip().splitlines()
     ((name, value),) = env.items()
     assert f"{name}={value!r}" in line
+
+
+def test_a_cut_of_thousands_of_digits_is_refused_not_parsed(monkeypatch):
+    monkeypatch.setenv(settings.CUT_ENV, "9" * 5000)
+    with pytest.raises(settings.SettingError) as err:
+        settings.cut_override()
+    assert f"{settings.CUT_ENV}='{'9' * 40}...' is not a positive" in str(err.value)

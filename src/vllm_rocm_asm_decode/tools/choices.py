@@ -147,6 +147,8 @@ def check_model_config(model_dir: Path, tensor_parallel_size: int = 1) -> None:
         counts[what] = (key, value)
     if "heads" not in counts:
         return
+    if "layers" not in counts:  # transformers would fill in its class default
+        raise InputError(f"{config} has no layer count ({LAYER_COUNT_KEYS[0]})")
     heads_key, heads = counts["heads"]
     kv_key, kv = counts.get("kv_heads", (heads_key, heads))
     if heads % kv:
@@ -187,13 +189,20 @@ def gpu_blocks(text: str) -> int:
     return value
 
 
+def gpu(text: str) -> str:
+    """``--gpu``: one of :data:`GPUS`, any case."""
+    if text.strip().lower() not in GPUS:
+        raise argparse.ArgumentTypeError(f"unknown GPU {text!r}; choose one of {', '.join(GPUS)}")
+    return text.strip().lower()
+
+
 def aiter_version(text: str) -> str | None:
     """``--aiter-version``: ``installed`` (kept as is), a PEP 440 version, or
     ``unknown`` (None)."""
     from packaging.version import InvalidVersion, Version
 
-    if text == "installed":
-        return text
+    if text.strip().lower() == "installed":
+        return "installed"
     if text.strip().lower() == "unknown":
         return None
     try:
@@ -283,11 +292,24 @@ def nonempty(text: str) -> str:
 
 
 def http_url(text: str) -> str:
-    """A server's root URL; an OpenAI-style base URL ending in ``/v1`` is taken as its
-    root (the tools add ``/v1/...`` themselves)."""
-    if not text.startswith(("http://", "https://")):
-        raise argparse.ArgumentTypeError(f"{text!r} is not an http(s) URL")
-    root = text.rstrip("/")
+    """A server's root URL: ``http(s)://host[:port][/path]``; an OpenAI-style base URL
+    ending in ``/v1`` is taken as its root (the tools add ``/v1/...`` themselves)."""
+    from urllib.parse import urlsplit
+
+    if any(c.isspace() or not c.isprintable() for c in text):
+        raise argparse.ArgumentTypeError(f"{text!r} has spaces or control characters")
+    parts = urlsplit(text)
+    if parts.scheme.lower() not in ("http", "https") or not parts.netloc:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an http(s) URL with a host")
+    try:
+        port = parts.port
+    except ValueError:
+        port = -1
+    if (port is not None and not 1 <= port <= 65535) or not parts.hostname:
+        raise argparse.ArgumentTypeError(f"{text!r}: the host or port is not valid")
+    if parts.query or parts.fragment:
+        raise argparse.ArgumentTypeError(f"{text!r}: give the server's URL, without ?query or #")
+    root = f"{parts.scheme.lower()}://{parts.netloc}{parts.path}".rstrip("/")
     return root.removesuffix("/v1") if root.endswith("/v1") else root
 
 

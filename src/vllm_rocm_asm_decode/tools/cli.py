@@ -63,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     plan.add_argument(
         "--gpu",
+        type=choices.gpu,
         metavar="|".join(choices.GPUS),
         help=f"the GPU (default: the live GPU on ROCm, else {choices.DEFAULT_GPU})",
     )
@@ -91,9 +92,10 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument(
         "--dtype",
         type=choices.dtype,
-        default="bfloat16",
+        default="auto",
         metavar="|".join(choices.DTYPES),
-        help="model (query) dtype, as vLLM's --dtype (default bfloat16)",
+        help="model (query) dtype, as vLLM's --dtype (default auto, vLLM's: the "
+        "checkpoint's torch_dtype)",
     )
     plan.add_argument(
         "--max-model-len",
@@ -106,7 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--aiter-version",
         type=choices.aiter_version,
         default="installed",
-        metavar="VERSION|unknown",
+        metavar="VERSION|unknown|installed",
         help="the AITER version to plan for (default: the installed one, else unknown); "
         "before 0.1.17 a KV cache of more than 65536 blocks (fewer for pages above 32 KiB) "
         "keeps the HIP decode",
@@ -235,7 +237,12 @@ def _add_bench_serve(bench) -> None:
         "equal) or VLLM_ROCM_USE_AITER_MHA=0 (the original change's baseline)",
     )
     p.add_argument(
-        "--tensor-parallel-size", "-tp", type=choices.positive_int, default=1, metavar="N"
+        "--tensor-parallel-size",
+        "-tp",
+        type=choices.positive_int,
+        default=1,
+        metavar="N",
+        help="vllm serve's --tensor-parallel-size (default 1)",
     )
     p.add_argument(
         "--concurrency",
@@ -276,21 +283,41 @@ def _add_bench_serve(bench) -> None:
     )
     p.add_argument("--dataset-path", default=None, metavar="FILE", help="the ShareGPT JSON file")
     p.add_argument(
-        "--input-len", type=choices.positive_int, default=1024, help="random input length"
+        "--input-len",
+        type=choices.positive_int,
+        default=1024,
+        help="random dataset: prompt tokens (default 1024)",
     )
     p.add_argument(
-        "--output-len", type=choices.positive_int, default=1024, help="random output length"
+        "--output-len",
+        type=choices.positive_int,
+        default=1024,
+        help="random dataset: output tokens, with --ignore-eos (default 1024)",
     )
-    p.add_argument("--max-model-len", type=choices.positive_int, default=40960)
-    p.add_argument("--gpu-memory-utilization", type=choices.fraction, default=0.85)
+    p.add_argument(
+        "--max-model-len",
+        type=choices.positive_int,
+        default=40960,
+        help="vllm serve's --max-model-len (default 40960)",
+    )
+    p.add_argument(
+        "--gpu-memory-utilization",
+        type=choices.fraction,
+        default=0.85,
+        help="vllm serve's --gpu-memory-utilization (default 0.85)",
+    )
     p.add_argument(
         "--result-dir",
         default="asm-decode-serve-results",
-        help="where result files and server logs go",
+        help="where result files and server logs go (default asm-decode-serve-results)",
     )
     p.add_argument("--vllm", default="vllm", help="the vllm executable (default: vllm on PATH)")
     p.add_argument(
-        "--health-timeout", type=choices.positive_float, default=1800.0, metavar="SECONDS"
+        "--health-timeout",
+        type=choices.positive_float,
+        default=1800.0,
+        metavar="SECONDS",
+        help="how long a server may take to answer /health (default 1800)",
     )
     p.add_argument(
         "--serve-arg",
@@ -298,7 +325,9 @@ def _add_bench_serve(bench) -> None:
         default=[],
         metavar="ARG",
         help="extra argument for vllm serve (repeatable; --serve-arg --enforce-eager works, "
-        "as does --serve-arg=--enforce-eager)",
+        "as does --serve-arg=--enforce-eager); not the options bench serve sets itself "
+        "(--host, --port, --kv-cache-dtype, ...); each arm's VLLM_ROCM_ASM_DECODE and "
+        "VLLM_ROCM_USE_AITER_MHA are set by bench serve, whatever the environment says",
     )
     p.add_argument(
         "--json",
@@ -345,7 +374,10 @@ def _add_bench_kernel(bench) -> None:
         "the crossover and the VLLM_ROCM_ASM_DECODE_CUT it suggests",
     )
     p.add_argument(
-        "--iters", type=choices.positive_int, default=100, help="graph replays per timing"
+        "--iters",
+        type=choices.positive_int,
+        default=100,
+        help="graph replays per timing (default 100)",
     )
     p.add_argument(
         "--json", type=choices.nonempty, metavar="PATH", help="write the raw numbers as JSON"
@@ -386,8 +418,16 @@ def _add_check_passkey(check) -> None:
         default=30,
         help="concurrent requests (default 30)",
     )
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--timeout", type=choices.positive_float, default=600.0, metavar="SECONDS")
+    p.add_argument(
+        "--seed", type=int, default=0, help="seed of the passkeys and their places (default 0)"
+    )
+    p.add_argument(
+        "--timeout",
+        type=choices.positive_float,
+        default=600.0,
+        metavar="SECONDS",
+        help="per request (default 600)",
+    )
 
 
 def _add_check_accuracy(check) -> None:
@@ -416,14 +456,28 @@ NOTE_AFTER = 1.0
 
 @contextlib.contextmanager
 def _said_after(seconds: float, note: str) -> Iterator[None]:
-    """``note`` on stderr if the block is still running after ``seconds``."""
-    timer = threading.Timer(seconds, lambda: print(note, file=sys.stderr, flush=True))
+    """``note`` on a terminal's stderr while the block is still running after
+    ``seconds``, erased when it ends (so an error that follows stays one line; logs and
+    pipes get no note)."""
+    if not sys.stderr.isatty():
+        yield
+        return
+    shown = threading.Event()
+
+    def show() -> None:
+        print(note, end="", file=sys.stderr, flush=True)
+        shown.set()
+
+    timer = threading.Timer(seconds, show)
     timer.daemon = True
     timer.start()
     try:
         yield
     finally:
         timer.cancel()
+        timer.join()
+        if shown.is_set():
+            print("\r\033[K", end="", file=sys.stderr, flush=True)
 
 
 def _plan(args: argparse.Namespace) -> int:
@@ -459,6 +513,7 @@ def _plan(args: argparse.Namespace) -> int:
 def _bench_serve(args: argparse.Namespace) -> int:
     import shutil
     import socket
+    from importlib.util import find_spec
     from pathlib import Path
 
     from .validation import serve_bench as sb
@@ -473,13 +528,18 @@ def _bench_serve(args: argparse.Namespace) -> int:
         problem = f"--json {args.json}: {why}"
     elif args.plot and (why := _unwritable(args.plot)):
         problem = f"--plot {args.plot}: {why}"
+    elif args.plot and find_spec("matplotlib") is None:
+        problem = f"--plot {args.plot} needs matplotlib (pip install matplotlib)"
     elif bad := _plugin_settings_problem():
         problem = bad
     else:
         try:
             socket.getaddrinfo(args.host, args.port)
-        except OSError as exc:
-            problem = f"--host {args.host!r} does not resolve ({exc.strerror or exc})"
+        except (OSError, UnicodeError) as exc:  # UnicodeError: a label over 63 bytes
+            why = getattr(exc, "strerror", None) or exc
+            problem = f"--host {args.host!r} does not resolve ({why})"
+        else:
+            problem = _port_taken(args.host, args.port)
     if problem:
         print(f"{PROG} bench serve: error: {problem}", file=sys.stderr)
         return 2
@@ -548,6 +608,36 @@ def _doctor(args: argparse.Namespace) -> int:
         return 1
     print(json.dumps(report.to_json(), indent=2) if args.json else render(report))
     return report.exit_code
+
+
+def _port_taken(host: str, port: int) -> str | None:
+    """Why the servers could not listen on ``host:port`` (something holds it already);
+    None when they can."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        family, kind, proto, _, address = infos[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(address)
+    except OSError as exc:
+        return f"--host {host!r} --port {port}: cannot listen there ({exc.strerror or exc})"
+    return None
+
+
+def _missing_runtime() -> str | None:
+    """What this environment lacks of what ``plan``, ``doctor``, ``bench kernel`` and
+    ``check accuracy`` run on (vLLM's own classes, torch); None when nothing."""
+    from importlib.util import find_spec
+
+    lacking = [name for name in ("torch", "vllm") if find_spec(name) is None]
+    if not lacking:
+        return None
+    return (
+        f"{' and '.join(lacking)} not installed here: this command runs vLLM's own code "
+        "(vLLM's ROCm image has both; elsewhere pip install vllm==0.33.*)"
+    )
 
 
 def _settings_problem() -> str | None:
@@ -620,6 +710,16 @@ def main(argv: list[str] | None = None) -> int:
         # vLLM's import logs torch deprecations that would drown the answer (a server the
         # benchmark starts keeps its own torch logging).
         os.environ.setdefault("TORCH_LOGS", "-all")
+    heavy = args.command in ("plan", "doctor") or (
+        args.command,
+        getattr(args, "bench", None) or getattr(args, "check", None),
+    ) in (("bench", "kernel"), ("check", "accuracy"))
+    if heavy and (missing := _missing_runtime()):
+        name = " ".join(
+            filter(None, (args.command, getattr(args, "bench", None), getattr(args, "check", None)))
+        )
+        print(f"{PROG} {name}: error: {missing}", file=sys.stderr)
+        return 2
     if args.command == "plan":
         return _plan(args)
     if args.command == "doctor":

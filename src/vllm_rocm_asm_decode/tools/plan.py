@@ -165,7 +165,7 @@ def _one_voice() -> Iterator[None]:
         logging.disable(disabled)
 
 
-def _model_config(model_dir: Path, dtype: str, max_model_len: int | None):
+def _model_config(model_dir: Path, label: str, dtype: str, max_model_len: int | None):
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from vllm.config import ModelConfig
 
@@ -178,7 +178,7 @@ def _model_config(model_dir: Path, dtype: str, max_model_len: int | None):
                 max_model_len=max_model_len,
             )
     except Exception as exc:  # vLLM's own validation errors, unreadable configs
-        raise PlanError(f"vLLM refuses {model_dir}: {_what_is_wrong(exc)}") from exc
+        raise PlanError(f"vLLM refuses {label}: {_what_is_wrong(exc)}") from exc
 
 
 def _what_is_wrong(exc: BaseException) -> str:
@@ -381,6 +381,8 @@ def block_id_sentence(aiter: AiterBuild, num_gpu_blocks: int | None, page_bytes:
         if aiter.block_id_fix is False
         else f"{describe(aiter.version)} (counts as before {FIRST_FIXED}; --aiter-version V)"
     )
+    if limit == 0:
+        return f"{who}: a KV page of {page_bytes} bytes ends past 2 GiB: every layer keeps HIP"
     if num_gpu_blocks is None:
         return (
             f"{who}: caches over {limit} blocks keep HIP; the block count decides "
@@ -397,7 +399,7 @@ def make_plan(
     tensor_parallel_size: int = 1,
     kv_cache_dtype: str = "fp8",
     block_size: int = 16,
-    dtype: str = "bfloat16",
+    dtype: str = "auto",
     max_model_len: int | None = None,
     aiter_version: str | None = "installed",
     num_gpu_blocks: int | None = None,
@@ -406,7 +408,7 @@ def make_plan(
     """The plan; ``aiter_version="installed"`` reads the installed AITER's (None: unknown)."""
     model_dir, label = resolve_model_dir(model)
     the_gpu = resolve_gpu(gpu)
-    model_config = _model_config(model_dir, dtype, max_model_len)
+    model_config = _model_config(model_dir, label, dtype, max_model_len)
     layers = plan_layers(
         model_config,
         tp=tensor_parallel_size,

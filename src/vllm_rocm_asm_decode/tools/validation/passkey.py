@@ -9,6 +9,7 @@ tokens with 30 in flight, all passing in both arms.
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import random
 import sys
@@ -72,10 +73,17 @@ def ask(base_url: str, model: str, prompt: Prompt, timeout: float) -> str:
             else ""
         )
         raise ServerError(f"HTTP {exc.code}: {detail[:300] or exc.reason}{hint}") from None
+    except http.client.HTTPException as exc:  # not HTTP, or cut short
+        raise ServerError(f"the reply is not an HTTP answer ({type(exc).__name__})") from None
     except ValueError as exc:
         raise ServerError(f"the reply is not JSON ({exc})") from None
     choices = reply.get("choices") if isinstance(reply, dict) else None
-    if not choices or not isinstance(choices[0], dict) or "text" not in choices[0]:
+    if (
+        not isinstance(choices, list)
+        or not choices
+        or not isinstance(choices[0], dict)
+        or "text" not in choices[0]
+    ):
         raise ServerError(f"the reply has no completion text: {json.dumps(reply)[:300]}")
     return str(choices[0]["text"])
 

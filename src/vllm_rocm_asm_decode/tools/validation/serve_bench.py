@@ -316,7 +316,7 @@ class Server:
                 pass
             time.sleep(HEALTH_POLL_SECONDS)
         raise ServeError(
-            f"{self.arm} server did not answer /health within {self.cfg.health_timeout:.0f} s "
+            f"{self.arm} server did not answer /health within {self.cfg.health_timeout:g} s "
             f"(log: {self.log_path})"
         )
 
@@ -356,7 +356,12 @@ class RunResult:
 
 def parse_result(path: Path, arm: str, repeat: int) -> RunResult:
     """One ``vllm bench serve --save-result`` file (vLLM 0.33's format)."""
-    data = json.loads(path.read_text())
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ServeError(f"vllm bench serve wrote no result file {path}") from None
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ServeError(f"{path} is not a vllm bench serve result: {exc}") from None
     try:
         return RunResult(
             arm=arm,
