@@ -60,20 +60,53 @@ class _AccessDesc(ctypes.Structure):
     _fields_ = [("location", _Location), ("flags", ctypes.c_int)]
 
 
+_CALLS = (
+    "MemGetAllocationGranularity",
+    "MemAddressReserve",
+    "MemCreate",
+    "MemMap",
+    "MemSetAccess",
+    "MemUnmap",
+    "MemRelease",
+    "MemAddressFree",
+)
+
+
+def _loaded_library(stem: str) -> str | None:
+    """The path of the copy of ``stem`` this process has loaded (torch's), so that no
+    second copy of the runtime comes in; None when none is loaded."""
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                path = line.rstrip("\n").split(maxsplit=5)[-1]
+                if f"/{stem}" in path and ".so" in path:
+                    return path
+    except OSError:
+        pass
+    return None
+
+
 class VirtualMemory:
     """The driver's virtual-memory calls: ``cu*`` from libcuda, or ``hip*`` from
-    libamdhip64 on ROCm; only the library and the prefix differ."""
+    libamdhip64 on ROCm (the copy torch loaded); only the library and the prefix
+    differ. Every call is resolved here: a library without one is no library."""
 
     def __init__(self) -> None:
         if torch.version.hip:
-            self.library, self.prefix = "libamdhip64.so", "hip"
+            stem, default, self.prefix = "libamdhip64", "libamdhip64.so", "hip"
         else:
-            self.library, self.prefix = "libcuda.so.1", "cu"
-        self._lib = ctypes.CDLL(self.library)
+            stem, default, self.prefix = "libcuda", "libcuda.so.1", "cu"
+        self.library = _loaded_library(stem) or default
+        lib = ctypes.CDLL(self.library)
+        try:
+            self._calls = {name: getattr(lib, self.prefix + name) for name in _CALLS}
+        except AttributeError as exc:
+            raise OSError(f"{self.library} lacks {exc}") from None
+        for function in self._calls.values():
+            function.restype = ctypes.c_int
 
     def __call__(self, name: str, *args) -> None:
-        function = getattr(self._lib, self.prefix + name)
-        error = function(*args)
+        error = self._calls[name](*args)
         if error != 0:
             raise RuntimeError(f"{self.prefix}{name} failed with error {error}")
 
@@ -141,6 +174,8 @@ class _Mapping:
         self.ptr = ptr.value
         state = {"mapped": 0, "handle": 0}
         release = weakref.finalize(self, _free, vm, self.ptr, size, self.chunk, state)
+        # At exit the driver tears the context down itself.
+        release.atexit = False
         try:
             vm(
                 "MemCreate",
@@ -174,7 +209,9 @@ class _Mapping:
 
 
 def _free(vm: VirtualMemory, ptr: int, size: int, chunk: int, state: dict) -> None:
-    """Unmap, release the chunk, free the range (what was made of them)."""
+    """Unmap, release the chunk, free the range (what was made of them). Runs when the
+    last tensor over the table is dropped, which vLLM does only after the GPU work that
+    reads it is done (it synchronizes before it drops a builder or a KV cache)."""
     try:
         for i in range(state["mapped"]):
             vm("MemUnmap", ctypes.c_uint64(ptr + i * chunk), ctypes.c_size_t(chunk))
@@ -213,11 +250,15 @@ def make_table(
     shape: tuple[int, int, int],
     scale: float,
     aliased: bool = True,
+    fallback: bool = True,
 ) -> AsmScaleTable:
     """A table of ``shape`` holding ``scale``: aliased over one chunk where the driver
-    offers virtual memory (and ``aliased``), else a plain allocation."""
+    offers virtual memory (and ``aliased``), else a plain allocation. Without
+    ``fallback`` an aliased table that cannot be made raises ``RuntimeError``."""
     numel = math.prod(shape)
     vm = virtual_memory() if aliased and device.type == "cuda" else None
+    if aliased and vm is None and not fallback:
+        raise RuntimeError(f"no virtual memory on {device}")
     if vm is not None:
         try:
             mapping = _Mapping(vm, device, numel * 4)
@@ -232,7 +273,9 @@ def make_table(
             result.fill(scale)
             return result
         except (RuntimeError, TypeError, ValueError):
-            pass  # no virtual memory here after all: allocate
+            if not fallback:
+                raise
+            # no virtual memory here after all: allocate
     table = torch.full(shape, scale, dtype=torch.float32, device=device)
     return AsmScaleTable(table, table, False, numel * 4, 1, scale)
 
@@ -250,64 +293,94 @@ def make_tables(
 
 
 def aliasing_available(device: torch.device) -> bool:
-    """Whether tables on ``device`` can be aliased: one probe mapping, freed at once."""
-    if device.type != "cuda" or virtual_memory() is None:
+    """Whether tables on ``device`` can be aliased: a probe table of three mappings of
+    one chunk, filled through the chunk and read back at its far end (one host read,
+    at bind time), freed at once."""
+    vm = virtual_memory() if device.type == "cuda" else None
+    if vm is None:
         return False
-    return make_table(device, (1, 1, 1), 0.0).aliased
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    prop = _AllocationProp(
+        type=_ALLOCATION_PINNED, location=_Location(_LOCATION_DEVICE, index)
+    )
+    granularity = ctypes.c_size_t()
+    try:
+        vm(
+            "MemGetAllocationGranularity",
+            ctypes.byref(granularity),
+            ctypes.byref(prop),
+            0,
+        )
+        rows = 3 * granularity.value // 64  # [rows, 1, 16] fp32: three chunks
+        probe = make_table(device, (rows, 1, 16), 0.0, fallback=False)
+        probe.fill(0.625)
+        ok = probe.mappings == 3 and float(probe.tensor[-1, 0, -1]) == 0.625
+    except RuntimeError:
+        return False
+    return ok
 
 
 def checkpoint_scales(layer: Any) -> bool:
-    """Whether a layer's KV scales come from the checkpoint: vLLM gave it a KV-cache
-    quantization method, which loads them (and loads them again on a weight reload);
-    else they stay 1.0."""
+    """Whether a layer's KV scales may come from the checkpoint: vLLM gave it a
+    KV-cache quantization method (every fp8 checkpoint's layers have one), which loads
+    them, and loads them again on a weight reload; else they stay 1.0."""
     from vllm.model_executor.layers.quantization.kv_cache import BaseKVCacheMethod
 
     return isinstance(getattr(layer, "quant_method", None), BaseKVCacheMethod)
 
 
-_K_FLOAT = operator.itemgetter("_k_scale_float")
-_V_FLOAT = operator.itemgetter("_v_scale_float")
+_K_FLOAT = operator.attrgetter("_k_scale_float")
+_V_FLOAT = operator.attrgetter("_v_scale_float")
 
 
 class AsmScaleTables:
     """One metadata builder's scale tables (released with it)."""
 
-    def __init__(self, device: torch.device, aliased: bool | None = None) -> None:
+    def __init__(
+        self, device: torch.device, aliased: bool | None = None, strict: bool = False
+    ) -> None:
         self.device = device
         #: Aliased where the device offers virtual memory (decided at the first table).
         self.aliased = aliased
+        #: Once aliased, a table the driver refuses raises ``RuntimeError`` (``strict``:
+        #: the caller budgeted no allocation) or is allocated, the later ones shared.
+        self.strict = strict
         self.shared: dict[tuple[tuple[int, int, int], float], AsmScaleTable] = {}
-        #: The layers that own their tables: their attributes (``_k_scale_float`` is a
-        #: plain attribute of the layer), tables, and the scales the tables hold.
+        #: The layers that own their tables, their tables, and the scales they hold.
         self.owners: list[Any] = []
         self.owned: list[tuple[AsmScaleTable, AsmScaleTable]] = []
-        self._attrs: list[dict[str, Any]] = []
         self._k: list[float] = []
         self._v: list[float] = []
         #: Seconds spent making tables.
         self.seconds = 0.0
 
-    def _make(self, shape: tuple[int, int, int], scale: float) -> AsmScaleTable:
+    def _decide(self) -> bool:
         if self.aliased is None:
             self.aliased = aliasing_available(self.device)
+        return self.aliased
+
+    def _make(self, shape: tuple[int, int, int], scale: float) -> AsmScaleTable:
+        aliased = self._decide()
         start = time.perf_counter()
-        table = make_table(self.device, shape, scale, self.aliased)
+        table = make_table(self.device, shape, scale, aliased, fallback=not self.strict)
+        if aliased and not table.aliased:
+            self.aliased = False
         self.seconds += time.perf_counter() - start
         return table
 
     def get(
         self, layer: Any, shape: tuple[int, int, int], own: bool | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The K and V tables of ``layer``: its own where its scales come from the
-        checkpoint (``own``, by default :func:`checkpoint_scales`), else shared."""
+        """The K and V tables of ``layer``: its own where its scales may come from the
+        checkpoint and tables are aliased (``own``, by default that), else shared with
+        the layers of equal scale, as allocated tables always were."""
         k, v = layer._k_scale_float, layer._v_scale_float
         if own is None:
-            own = checkpoint_scales(layer)
+            own = self._decide() and checkpoint_scales(layer)
         if own:
             tables = (self._make(shape, k), self._make(shape, v))
             self.owners.append(layer)
             self.owned.append(tables)
-            self._attrs.append(vars(layer))
             self._k.append(k)
             self._v.append(v)
         else:
@@ -323,8 +396,8 @@ class AsmScaleTables:
     def changed(self) -> bool:
         """Whether a reload changed the scales of a layer that owns its tables (one
         comparison of host floats per layer)."""
-        return list(map(_K_FLOAT, self._attrs)) != self._k or (
-            list(map(_V_FLOAT, self._attrs)) != self._v
+        return list(map(_K_FLOAT, self.owners)) != self._k or (
+            list(map(_V_FLOAT, self.owners)) != self._v
         )
 
     def follow_reload(self) -> list[Any]:
@@ -334,8 +407,8 @@ class AsmScaleTables:
         if not self.changed():
             return []
         changed = []
-        for i, attrs in enumerate(self._attrs):
-            k, v = _K_FLOAT(attrs), _V_FLOAT(attrs)
+        for i, layer in enumerate(self.owners):
+            k, v = _K_FLOAT(layer), _V_FLOAT(layer)
             if (k, v) != (self._k[i], self._v[i]):
                 self.owned[i][0].fill(k)
                 self.owned[i][1].fill(v)

@@ -599,12 +599,18 @@ def decide_layers(
         {kv.data_ptr(): kv.numel() * kv.element_size() for _, kv in entries}.values()
     )
     query_dtype = cast(torch.dtype, model_config.dtype)
-    tables = bindings.tables = AsmScaleTables(device, aliased)
+    # Strict: aliased tables were not budgeted, so none may fall back to an allocation.
+    tables = bindings.tables = AsmScaleTables(device, aliased, strict=True)
     for (layer, kv_cache), fits in zip(candidates, budget.fits, strict=True):
         if fits:
-            bindings.layers[layer.layer_name] = make_binding(
-                layer.impl, layer, kv_cache, query_dtype, tables
-            )
+            try:
+                bindings.layers[layer.layer_name] = make_binding(
+                    layer.impl, layer, kv_cache, query_dtype, tables
+                )
+            except RuntimeError as exc:  # an aliased table the driver refused
+                layer.impl.asm_rejections = [
+                    f"scale tables could not be mapped ({exc})"
+                ]
             continue
         layer.impl.asm_rejections = [
             "scale tables that do not fit in the device memory vLLM does not "

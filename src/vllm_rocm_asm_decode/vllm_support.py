@@ -15,8 +15,9 @@ after).
 from __future__ import annotations
 
 import ast
+import contextlib
 import gc
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from importlib.util import find_spec
 from pathlib import Path
@@ -165,6 +166,26 @@ EXTENSION_POINTS: tuple[ExtensionPoint, ...] = (
 )
 
 
+#: The modules vLLM loads of this package (its root; the tools are never loaded).
+_RUNTIME_DIR = Path(__file__).resolve().parent
+
+
+def runtime_imports(directory: Path = _RUNTIME_DIR) -> list[ExtensionPoint]:
+    """Every name the runtime modules import from vLLM (``from vllm.x import y``,
+    anywhere in a module), as extension points that must exist: what would otherwise be
+    an ``ImportError`` when vLLM resolves the backend."""
+    points: dict[tuple[str, str], ExtensionPoint] = {}
+    for path in sorted(directory.glob("*.py")):
+        tree = _parsed(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree) if tree is not None else ():
+            if isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                if node.module == "vllm" or node.module.startswith("vllm."):
+                    for alias in node.names:
+                        key = (node.module, alias.name)
+                        points.setdefault(key, ExtensionPoint(*key))
+    return list(points.values())
+
+
 def installed_vllm_version() -> str | None:
     """The installed vLLM's version, from its package metadata (None: not there)."""
     from importlib import metadata
@@ -216,14 +237,21 @@ def module_source(module: str) -> str | None:
 def _parsed(text: str | None) -> ast.Module | None:
     if text is None:
         return None
-    # The collector would walk vLLM's whole heap again and again while the tree's
-    # nodes are made (half a second in a serving process, against 50 ms without).
-    collecting = gc.isenabled()
-    gc.disable()
     try:
         return ast.parse(text)
     except SyntaxError:
         return None
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """The garbage collector off while trees are made and held: it would walk vLLM's
+    whole heap and every node again and again (half a second in a serving process,
+    against 0.1 s without)."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        yield
     finally:
         if collecting:
             gc.enable()
@@ -337,20 +365,45 @@ def missing_extension_points(
             trees[module] = _parsed(source(module))
         return trees[module]
 
-    return [problem for p in points if (problem := _check(p, parsed)) is not None]
+    with _collector_paused():
+        problems = _problems(points, parsed)
+        trees.clear()  # freed by reference counts, before the collector runs again
+    return list(dict.fromkeys(problems))  # a class several points name, once
+
+
+def _problems(
+    points: Iterable[ExtensionPoint], parsed: Callable[[str], ast.Module | None]
+) -> list[str]:
+    problems = []
+    for point in points:
+        problem = _check(point, parsed)
+        # ``from package import module`` names a submodule, not a binding; a module
+        # with a ``__getattr__`` (vllm.platforms) makes its names when asked.
+        if problem is not None and "." not in point.name:
+            tree = parsed(point.module)
+            if parsed(f"{point.module}.{point.name}") is not None or (
+                tree is not None and _top_level(tree, "__getattr__") is not None
+            ):
+                problem = None
+        if problem is not None:
+            problems.append(problem)
+    return problems
 
 
 def vllm_mismatch(
     version: str | None = None, read: Callable[[str], str | None] | None = None
 ) -> str | None:
     """Why the installed vLLM is not one this release extends, in one line; None when
-    it is. ``version`` defaults to the installed one, ``read`` (a module's source) to
-    :func:`module_source`."""
+    it is: the version, :data:`EXTENSION_POINTS` and every name the runtime imports
+    from vLLM (:func:`runtime_imports`). ``version`` defaults to the installed one,
+    ``read`` (a module's source) to :func:`module_source`."""
     version = installed_vllm_version() if version is None else version
     why = version_mismatch(version)
     if why is not None:
         return why
-    missing = missing_extension_points(read=read)
+    with _collector_paused():
+        points = (*EXTENSION_POINTS, *runtime_imports())
+        missing = missing_extension_points(points, read)
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
         return f"vLLM {version} moved what the plugin extends: {missing[0]}{more}"

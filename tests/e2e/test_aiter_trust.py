@@ -271,7 +271,7 @@ def test_aliased_tables_need_no_budget_and_say_so(tmp_path, kernels, plugin_log,
 
     chunk = 2 * 1024**2
 
-    def fake_alias(device, shape, scale, aliased=True):
+    def fake_alias(device, shape, scale, aliased=True, fallback=True):
         table = torch.full(shape, scale, dtype=torch.float32)
         return asm_scale_tables.AsmScaleTable(table, table, True, chunk, 3, scale)
 
@@ -361,3 +361,29 @@ def test_fp16_queries_wait_for_proof(tmp_path, kernels, plugin_log, aiter_versio
     load_asm_kernel.cache_clear()
     bf16 = harness.build_model(tmp_path / "bf16", num_layers=1)
     assert bf16.builder.build(0, harness.make_batch(bf16, [40] * 16).common).use_asm_decode
+
+
+def test_an_aliased_table_the_driver_refuses_keeps_its_layer_on_hip(
+    tmp_path, kernels, plugin_log, monkeypatch
+):
+    """Aliased tables are not budgeted: one the driver refuses is never allocated in
+    its place; its layer keeps HIP with the reason, the others bind."""
+    from vllm_rocm_asm_decode import asm_scale_tables, backend
+
+    made = []
+
+    def flaky_alias(device, shape, scale, aliased=True, fallback=True):
+        assert aliased and not fallback  # strict: no silent allocation
+        made.append(scale)
+        if len(made) == 3:  # the second layer's K table
+            raise RuntimeError("hipMemMap failed with error 2")
+        table = torch.full(shape, scale, dtype=torch.float32)
+        return asm_scale_tables.AsmScaleTable(table, table, True, 2 * 1024**2, 3, scale)
+
+    monkeypatch.setattr(backend, "aliasing_available", lambda device: True)
+    monkeypatch.setattr(asm_scale_tables, "make_table", flaky_alias)
+    model = calibrated(tmp_path)
+    model.builder.build(0, harness.make_batch(model, [40] * 20).common)
+    assert bound(model) == [True, False, True, True]
+    second = model.layers[model.names[1]].impl.asm_rejections
+    assert second == ["scale tables could not be mapped (hipMemMap failed with error 2)"]

@@ -284,9 +284,11 @@ def full_capture_batch(model, num_tokens: int, max_num_seqs: int = 256):
 
 @pytest.mark.parametrize("mode", ["FULL", "FULL_AND_PIECEWISE"])
 def test_under_full_cudagraph_mode_no_captured_graph_holds_asm(tmp_path, kernels, mode):
-    """vLLM captures FULL graphs from mixed-looking dummy batches: every capture size
-    decides HIP (the asm decode then runs only on eager steps past the largest size).
-    FULL_AND_PIECEWISE captures its decode graphs as uniform decodes: asm above the cut."""
+    """The capture-time metadata at every capture size, from dummy batches shaped as
+    vLLM's V1 runner shapes them (``_dummy_run``; nothing is captured on the CPU):
+    FULL's mixed-looking batches decide HIP at every size (the asm decode then runs
+    only on eager steps past the largest size); FULL_AND_PIECEWISE's uniform decodes
+    decide asm above the cut."""
     from vllm.config import CUDAGraphMode
 
     model = harness.build_model(tmp_path, num_layers=1, num_blocks=600)

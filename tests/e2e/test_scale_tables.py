@@ -18,6 +18,31 @@ follows_reload = pytest.mark.skipif(
 )
 
 
+#: Stage 3 in vLLM gives layers tables of their own only where tables are aliased (GPU
+#: virtual memory); allocated ones stay shared by value, as vLLM's were.
+IN_TREE_OWNS_ONLY_ALIASED = harness.IN_TREE and (harness.STAGE or 0) >= 3
+
+
+@pytest.fixture(autouse=True)
+def aliased_stand_in(request, monkeypatch):
+    """In-tree from stage 3, on the CPU: plain tables marked aliased stand in for GPU
+    virtual memory, so that ownership and the refill run (the tests named
+    ``..._allocated_...`` see the CPU as it is)."""
+    if not IN_TREE_OWNS_ONLY_ALIASED or "allocated" in request.node.name:
+        return
+    import dataclasses
+    import importlib
+
+    module = importlib.import_module("vllm.v1.attention.backends.asm_scale_tables")
+    real = module.make_table
+
+    def as_aliased(device, shape, scale, aliased=True, fallback=True):
+        return dataclasses.replace(real(device, shape, scale, aliased=False), aliased=True)
+
+    monkeypatch.setattr(module, "aliasing_available", lambda device: True)
+    monkeypatch.setattr(module, "make_table", as_aliased)
+
+
 def bind(model):
     batch = harness.make_batch(model, [20] * 16)
     model.builder.build(0, batch.common)
@@ -154,3 +179,13 @@ def test_a_builder_releases_its_tables(tmp_path):
     del k_table
     model.builder = None  # no reference cycle holds them: freed at once, no gc pass
     assert gone() is None
+
+
+@pytest.mark.skipif(not IN_TREE_OWNS_ONLY_ALIASED, reason="vLLM from stage 3")
+def test_in_vllm_allocated_tables_stay_shared_by_value(tmp_path):
+    """Where tables cannot be aliased (here: the CPU), stage 3 keeps vLLM's sharing:
+    layers of equal checkpoint scales share one K and one V table, no layer owns one."""
+    model = checkpoint_model(tmp_path, [(0.5, 0.25)] * 3)
+    bindings = bind(model)
+    assert len({t.data_ptr() for b in bindings for t in b}) == 2
+    assert model.builder.asm_tables.owners == [] and model.builder.asm_tables.aliased is False

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import importlib.util
 import inspect
 import json
 import re
@@ -182,7 +183,8 @@ def test_a_missing_module_and_unparsable_source_are_named():
     missing = missing_extension_points(read=read)
     assert f"no module {ROCM_ATTN}" in missing
     assert "no module vllm.v1.attention.backends.registry" in missing
-    assert vllm_mismatch("0.33.0", read=read).endswith(f"(and {len(missing) - 1} more)")
+    every = missing_extension_points((*EXTENSION_POINTS, *vllm_support.runtime_imports()), read)
+    assert vllm_mismatch("0.33.0", read=read).endswith(f"(and {len(every) - 1} more)")
 
 
 def test_keywords_pass_through_kwargs_and_static_methods_keep_their_first_parameter():
@@ -287,3 +289,34 @@ def test_pip_install_into_a_rocm_image_installs_the_plugin_alone(tmp_path, wheel
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
     assert [i["metadata"]["name"] for i in report["install"]] == ["vllm-rocm-asm-decode"]
+
+
+def test_every_name_the_runtime_imports_from_vllm_is_guarded():
+    """The guard covers what the runtime modules import from vLLM, found in their
+    source (function-level imports included), so a moved one keeps stock ROCM_ATTN
+    instead of an ImportError when vLLM resolves the backend."""
+    names = {(p.module, p.name) for p in vllm_support.runtime_imports()}
+    assert {
+        ("vllm.v1.attention.ops.chunked_prefill_paged_decode", "has_native_kv_cache_layout"),
+        ("vllm.v1.attention.ops.paged_attn", "PagedAttention"),
+        ("vllm.utils.platform_utils", "num_compute_units"),
+        ("vllm.v1.kv_cache_interface", "SlidingWindowSpec"),
+        ("vllm.model_executor.layers.quantization.kv_cache", "BaseKVCacheMethod"),
+    } <= names
+    for module, name in names:  # each resolves in the installed vLLM
+        assert hasattr(importlib.import_module(module), name) or importlib.util.find_spec(
+            f"{module}.{name}"
+        ), (module, name)
+
+
+def test_a_runtime_import_vllm_moved_is_named():
+    read = _edited(
+        "vllm.v1.attention.ops.chunked_prefill_paged_decode",
+        "def has_native_kv_cache_layout(",
+        "def native_layout(",
+    )
+    why = vllm_mismatch("0.33.0", read=read)
+    assert why == (
+        "vLLM 0.33.0 moved what the plugin extends: vllm.v1.attention.ops."
+        "chunked_prefill_paged_decode has no has_native_kv_cache_layout"
+    )

@@ -40,7 +40,18 @@ K_SCALE, V_SCALE = 0.5, 2.0
 #: 0.026 and mean 0.00078 (MI355X), with headroom for bf16/fp16 output rounding.
 HIP_MAX = 0.0072 * 2
 ASM_MAX, ASM_MEAN = 0.026 * 1.5, 0.00078 * 2
-LAYOUTS = [(40, 8), (32, 8), (64, 8), (32, 4)]
+# The original change's layouts, then every other GQA ratio the rule admits (1-8).
+LAYOUTS = [
+    (40, 8),
+    (32, 8),
+    (64, 8),
+    (32, 4),
+    (32, 32),
+    (16, 8),
+    (24, 8),
+    (48, 8),
+    (56, 8),
+]
 CONTEXTS = [1, 15, 16, 17, 255, 1000, 4000]
 
 
@@ -54,13 +65,22 @@ def _skip_reason() -> str | None:
         return "pa_fwd_asm's ultra-precision kernels exist on gfx942/gfx950 only"
     if find_spec("aiter") is None:
         return "needs AITER"
-    if not rocm_aiter_ops.is_mha_enabled():
-        return "needs VLLM_ROCM_USE_AITER=1 (and VLLM_ROCM_USE_AITER_MHA not 0)"
     return None
 
 
 _SKIP = _skip_reason()
 requires_asm = pytest.mark.skipif(_SKIP is not None, reason=_SKIP or "")
+
+
+@pytest.fixture(autouse=True)
+def aiter_attention_on(monkeypatch):
+    """AITER's attention on, as deployments of the asm decode set it."""
+    monkeypatch.setenv("VLLM_ROCM_USE_AITER", "1")
+    monkeypatch.delenv("VLLM_ROCM_USE_AITER_MHA", raising=False)
+    rocm_aiter_ops.refresh_env_variables()
+    yield
+    monkeypatch.undo()
+    rocm_aiter_ops.refresh_env_variables()
 
 
 def make_config(tmp_path, num_heads: int, num_kv_heads: int, dtype) -> VllmConfig:
@@ -182,8 +202,12 @@ class Setup:
     def forward(self, query, metadata, out=None):
         out = torch.zeros_like(query) if out is None else out
         new = torch.zeros(
-            query.shape[0], self.impl.num_kv_heads, HEAD_SIZE, dtype=query.dtype
-        ).to(DEVICE)
+            query.shape[0],
+            self.impl.num_kv_heads,
+            HEAD_SIZE,
+            dtype=query.dtype,
+            device=query.device,
+        )
         self.impl.forward(
             self.layer, query, new, new, self.layer.kv_cache, metadata, out
         )
