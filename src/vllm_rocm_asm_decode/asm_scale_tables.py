@@ -299,7 +299,11 @@ def aliasing_available(device: torch.device) -> bool:
     vm = virtual_memory() if device.type == "cuda" else None
     if vm is None:
         return False
-    index = device.index if device.index is not None else torch.cuda.current_device()
+    index = (
+        torch.accelerator.current_device_index()
+        if device.index is None
+        else device.index
+    )
     prop = _AllocationProp(
         type=_ALLOCATION_PINNED, location=_Location(_LOCATION_DEVICE, index)
     )

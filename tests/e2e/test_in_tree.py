@@ -224,16 +224,27 @@ def test_backends_built_on_rocm_attns_classes_keep_their_decode(tmp_path, kernel
 
 
 @pytest.mark.skipif(not harness.IN_TREE or (harness.STAGE or 0) < 3, reason="in-tree from stage 3")
-def test_rocm_aiter_fa_makes_its_tables_the_same_way(tmp_path, monkeypatch):
-    """Stage 3: ROCM_AITER_FA's tables come from the same helper: a layer with checkpoint
-    scales owns its tables, which a weight reload refills in place; others share."""
+@pytest.mark.parametrize("aliased", [True, False], ids=["aliased", "allocated"])
+def test_rocm_aiter_fa_makes_its_tables_the_same_way(tmp_path, monkeypatch, aliased):
+    """Stage 3: ROCM_AITER_FA's tables come from the same helper. Aliased (GPU virtual
+    memory, stood in for by plain tables marked aliased), a layer with checkpoint scales
+    owns its tables, which a weight reload refills in place; allocated, tables stay
+    shared by value as they were."""
+    import dataclasses
     from types import SimpleNamespace
 
     from vllm._aiter_ops import rocm_aiter_ops
-    from vllm.v1.attention.backends import rocm_aiter_fa
-    from vllm.v1.attention.backends.asm_scale_tables import AsmScaleTables
+    from vllm.v1.attention.backends import asm_scale_tables, rocm_aiter_fa
 
     assert not hasattr(rocm_aiter_fa, "AsmKvScaleTables")
+    if aliased:
+        real = asm_scale_tables.make_table
+
+        def as_aliased(device, shape, scale, aliased=True, fallback=True):
+            return dataclasses.replace(real(device, shape, scale, aliased=False), aliased=True)
+
+        monkeypatch.setattr(asm_scale_tables, "aliasing_available", lambda device: True)
+        monkeypatch.setattr(asm_scale_tables, "make_table", as_aliased)
     monkeypatch.setattr(rocm_aiter_ops, "is_shuffle_kv_cache_enabled", lambda: True)
     model = harness.build_model(tmp_path, num_layers=3, scales=[(0.5, 0.5)] * 3)
     calibrated = model.layers[model.names[0]]
@@ -246,12 +257,16 @@ def test_rocm_aiter_fa_makes_its_tables_the_same_way(tmp_path, monkeypatch):
         num_heads_kv=model.num_kv_heads,
         block_size=model.block_size,
         device=torch.device("cpu"),
-        asm_tables=AsmScaleTables(torch.device("cpu")),
+        asm_tables=asm_scale_tables.AsmScaleTables(torch.device("cpu")),
     )
     build_tables = rocm_aiter_fa.AiterFlashAttentionMetadataBuilder._build_asm_kv_scale_tables
     build_tables(builder)
     first, second, third = model.names
     assert builder.k_scale[second].data_ptr() == builder.k_scale[third].data_ptr()
+    assert torch.all(builder.k_scale[first] == calibrated._k_scale_float)
+    if not aliased:  # a distinct scale: a table of its own value, shared by value
+        assert builder.asm_tables.owners == [] and builder.asm_tables.aliased is False
+        return
     assert builder.k_scale[first].data_ptr() != builder.k_scale[second].data_ptr()
     table = builder.k_scale[first]
     calibrated._k_scale_float = 2.0  # a weight reload
