@@ -7,13 +7,21 @@ pool, so it runs while pytest's single thread works through the in-process tests
 test that needs it waits for its result. Each check gets the environment as it was when
 the session started (tests change ``os.environ`` as they go), runs its processes in a
 session of their own, and is killed with its children when pytest finishes.
+
+Python processes that only need vLLM imported fresh are forked from ``zygote.py``, which
+has torch and Transformers imported already (``run(..., preloaded=True)``).
 """
 
 from __future__ import annotations
 
+import itertools
+import json
 import os
 import signal
 import subprocess
+import sys
+import tempfile
+import threading
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -43,7 +51,7 @@ _ENV: dict[str, str] | None = None
 
 def declare(
     name: str,
-    module_file: str,
+    module_file: str | Path,
     tests: Iterable[str],
     run: Callable[[dict[str, str]], Any],
     seconds: float,
@@ -76,6 +84,20 @@ def start_for(selected: Iterable[tuple[Path, str]]) -> None:
             _STARTED[name] = _POOL.submit(check.run, dict(_ENV))
 
 
+def start_early(paths: Iterable[Path]) -> None:
+    """Start, before the session collects, every check whose test module lies under one
+    of ``paths``. Only for a run that selects every test of the files it names (no -k,
+    -m, --deselect, node ids...): then a check's tests are sure to run, and it gets the
+    seconds collection takes (vLLM's import) on a core that would sit idle."""
+    global _ENV
+    _ENV = dict(os.environ)
+    roots = [p.resolve() for p in paths]
+    for name, check in sorted(_DECLARED.items(), key=lambda kv: -kv[1].seconds):
+        under = any(check.module == r or r in check.module.parents for r in roots)
+        if under and name not in _STARTED:
+            _STARTED[name] = _POOL.submit(check.run, dict(_ENV))
+
+
 def result(name: str) -> Any:
     """The check's result, waiting for it (and starting it, if nothing did yet)."""
     if name not in _STARTED:
@@ -84,10 +106,18 @@ def result(name: str) -> Any:
 
 
 def run(
-    cmd: Sequence[str], env: dict[str, str], cwd: str | None = None, timeout: float = 900
+    cmd: Sequence[str],
+    env: dict[str, str],
+    cwd: str | None = None,
+    timeout: float = 900,
+    preloaded: bool = False,
 ) -> subprocess.CompletedProcess[str]:
     """``subprocess.run`` in a session of its own, so that a timeout or the end of the
-    test session stops the process and everything it started."""
+    test session stops the process and everything it started. ``preloaded``: ``cmd`` is
+    ``[sys.executable, "-c" | "-m", ...]`` and runs as a child of the zygote."""
+    if preloaded:
+        assert cmd[0] == sys.executable and cmd[1] in ("-c", "-m"), cmd
+        return _zygote().run(list(cmd), env, cwd, timeout)
     proc = subprocess.Popen(
         list(cmd),
         env=env,
@@ -109,11 +139,101 @@ def run(
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
-def _kill(proc: subprocess.Popen[str]) -> None:
+def _kill(proc: subprocess.Popen[Any]) -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+
+
+def _kill_group(pid: int) -> None:
+    for kill, target in ((os.killpg, pid), (os.kill, pid)):
+        try:
+            kill(target, signal.SIGKILL)
+            return
+        except ProcessLookupError:
+            continue
+
+
+class _Zygote:
+    """``zygote.py`` and the children it forks on request (see its docstring)."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self._proc = subprocess.Popen(
+            [sys.executable, str(Path(__file__).with_name("zygote.py"))],
+            env=env | ONE_THREAD,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            start_new_session=True,
+        )
+        self._lock = threading.Lock()
+        self._ids = itertools.count()
+        self._started: dict[int, Future[tuple[int, Future[int]]]] = {}
+        self._ended: dict[int, Future[int]] = {}
+        self.children: set[int] = set()
+        threading.Thread(target=self._read, name="zygote-reader", daemon=True).start()
+
+    def _read(self) -> None:
+        assert self._proc.stdout is not None
+        for line in self._proc.stdout:
+            message = json.loads(line)
+            with self._lock:
+                if "id" in message:
+                    ended: Future[int] = Future()
+                    self._ended[message["pid"]] = ended
+                    self._started.pop(message["id"]).set_result((message["pid"], ended))
+                else:
+                    self._ended.pop(message["pid"]).set_result(message["code"])
+        with self._lock:  # the zygote is gone: nothing pending will be answered
+            for future in (*self._started.values(), *self._ended.values()):
+                future.set_exception(RuntimeError("the zygote process ended"))
+            self._started.clear()
+            self._ended.clear()
+
+    def run(
+        self, cmd: list[str], env: dict[str, str], cwd: str | None, timeout: float
+    ) -> subprocess.CompletedProcess[str]:
+        with tempfile.TemporaryDirectory(prefix="zygote-child-") as folder:
+            out, err = Path(folder, "stdout"), Path(folder, "stderr")
+            started: Future[tuple[int, Future[int]]] = Future()
+            with self._lock:
+                request_id = next(self._ids)
+                self._started[request_id] = started
+                request = {"id": request_id, "argv": cmd[1:], "env": env, "cwd": cwd}
+                request |= {"stdout": str(out), "stderr": str(err)}
+                assert self._proc.stdin is not None
+                self._proc.stdin.write((json.dumps(request) + "\n").encode())
+                self._proc.stdin.flush()
+            pid, ended = started.result(timeout=120)
+            self.children.add(pid)
+            note = ""
+            try:
+                code = ended.result(timeout=timeout)
+            except TimeoutError:
+                _kill_group(pid)
+                code = ended.result(timeout=60)
+                note = f"\n(killed after {timeout:.0f} s)"
+            finally:
+                self.children.discard(pid)
+            read = lambda path: path.read_text(errors="backslashreplace")  # noqa: E731
+            return subprocess.CompletedProcess(cmd, code, read(out), read(err) + note)
+
+    def stop(self) -> None:
+        for pid in list(self.children):
+            _kill_group(pid)
+        _kill(self._proc)
+
+
+_ZYGOTE: _Zygote | None = None
+_ZYGOTE_LOCK = threading.Lock()
+
+
+def _zygote() -> _Zygote:
+    global _ZYGOTE
+    with _ZYGOTE_LOCK:
+        if _ZYGOTE is None:
+            _ZYGOTE = _Zygote(dict(_ENV or os.environ))
+        return _ZYGOTE
 
 
 def shutdown() -> None:
@@ -121,3 +241,5 @@ def shutdown() -> None:
     _POOL.shutdown(wait=False, cancel_futures=True)
     for proc in list(_RUNNING):
         _kill(proc)
+    if _ZYGOTE is not None:
+        _ZYGOTE.stop()

@@ -8,6 +8,7 @@ stand-in-based suites are left out and ``tests/rocm`` runs against the real kern
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -21,9 +22,28 @@ ARCH = rocm_emulation.real_arch() if REAL_ROCM else rocm_emulation.activate()
 import pytest  # noqa: E402
 
 import background  # noqa: E402
+import in_tree  # noqa: E402, F401 - declares the in-tree sessions, which may start early
 
 # The end-to-end suite needs the stand-ins; on real hardware tests/rocm covers that ground.
 collect_ignore = ["e2e"] if REAL_ROCM else []
+
+#: Options that select fewer tests than the paths hold: with any, checks start only once
+#: collection says which tests run.
+_NARROWING = ("keyword", "markexpr", "deselect", "ignore", "ignore_glob", "lf", "failedfirst")
+_NARROWING += ("stepwise", "stepwise_skip", "collectonly")
+
+
+def pytest_sessionstart(session):
+    """A run of whole files or directories starts the checks declared before collection
+    (the in-tree sessions: see ``background.start_early``)."""
+    config = session.config
+    if REAL_ROCM or os.environ.get("ASM_DECODE_TEST_FORM") == "in-tree":
+        return
+    if any(getattr(config.option, name, None) for name in _NARROWING):
+        return
+    if any("::" in arg for arg in config.args):
+        return
+    background.start_early(Path(config.invocation_params.dir, arg) for arg in config.args)
 
 
 def pytest_collection_modifyitems(session, config, items):

@@ -11,84 +11,21 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import shutil
 import sys
-import tempfile
-import xml.etree.ElementTree as ET
 from pathlib import Path
 
-import in_tree
 import pytest
 import torch
 
 import background
 import harness
-from vllm_rocm_asm_decode.tools.upstream import LAST_STAGE
+import in_tree
 
 E2E = Path(__file__).resolve().parent
 in_tree_only = pytest.mark.skipif(
     not harness.IN_TREE, reason="runs in the in-tree sessions of test_in_tree_suite"
 )
-STAGES = list(range(1, LAST_STAGE + 1))
-
-OTHER_ARCH = {"gfx950": "gfx942", "gfx942": "gfx950"}
-
-
-def _in_tree_suite(env: dict[str, str], stage: int) -> dict[str, object]:
-    tree = Path(tempfile.mkdtemp(prefix=f"vllm-stage-{stage}-"))
-    try:
-        in_tree.copy_vllm(tree)
-        first = in_tree.console("upstream", str(tree), "--stage", str(stage), env=env)
-        second = in_tree.console("upstream", str(tree), "--stage", str(stage), env=env)
-        report = tree / "report.xml"
-        skip = [f"tests/e2e/{m}" for m in in_tree.PLUGIN_AND_TOOL_MODULES]
-        skip += [
-            "tests/e2e/test_in_tree.py::test_in_tree_suite",
-            "tests/e2e/test_mixed.py::"
-            "test_vllms_real_prefill_kernel_on_the_split_views_matches_the_stock_call",
-        ]
-        suite_env = env | background.ONE_THREAD
-        suite_env |= {
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(tree), env.get("PYTHONPATH")])),
-            # The other stand-in arch: each form runs the suite on one of the two.
-            "ASM_DECODE_TEST_GFX": OTHER_ARCH[env.get("ASM_DECODE_TEST_GFX", "gfx950")],
-            "ASM_DECODE_TEST_FORM": "in-tree",
-            "ASM_DECODE_TEST_STAGE": str(stage),
-            "ASM_DECODE_TEST_TREE": str(tree),
-            "ASM_DECODE_TEST_STOCK_VLLM": str(in_tree.installed_vllm()),
-            "VLLM_PLUGINS": "",  # no general plugin is loaded, this one included
-        }
-        written = tree / "tests/kernels/attention/test_rocm_attn_aiter_asm_decode.py"
-        cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "tests/e2e"]
-        cmd += [f"--deselect={s}" for s in skip] + [f"--junitxml={report}"]
-        cmd += ["-o", "junit_family=xunit1"]  # with each case's file
-        # The test file written into vLLM, as vLLM's CI collects it (on this CPU machine
-        # the kernel tests skip with their reason, the rule's tests run).
-        cmd += [str(written), f"--rootdir={E2E.parents[1]}"]
-        suite = background.run(cmd, suite_env, cwd=str(E2E.parents[1]), timeout=900)
-        cases = {}
-        if report.is_file():
-            for case in ET.parse(report).iter("testcase"):
-                outcome = "passed"
-                for child in case:
-                    if child.tag in ("failure", "error", "skipped"):
-                        outcome = f"{child.tag}: {child.get('message', '')}"
-                # The written file sits outside the rootdir: pytest names it by path.
-                module = case.get("classname") or Path(case.get("file", "")).stem
-                cases[f"{module}::{case.get('name')}"] = outcome
-        return {"first": first, "second": second, "suite": suite, "cases": cases}
-    finally:
-        shutil.rmtree(tree, ignore_errors=True)
-
-
-for _stage in STAGES:
-    background.declare(
-        f"in-tree-stage-{_stage}",
-        __file__,
-        ["test_in_tree_suite"],
-        lambda env, stage=_stage: _in_tree_suite(env, stage),
-        45,
-    )
+STAGES = in_tree.STAGES
 
 
 @pytest.mark.skipif(harness.IN_TREE, reason="runs the in-tree sessions itself")

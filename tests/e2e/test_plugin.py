@@ -38,6 +38,10 @@ PROBE = textwrap.dedent("""
     from vllm.platforms import current_platform
     from vllm._aiter_ops import rocm_aiter_ops
     from vllm.v1.attention.backends.registry import AttentionBackendEnum as E
+    # vLLM's modules the decode cases build their model from, loaded once here (a
+    # worker has them loaded anyway): the forked cases do not import them again each.
+    import vllm.model_executor.layers.attention, vllm.v1.worker.utils
+    import vllm.v1.core.kv_cache_planning
 
     def all_paths():
         out = {{}}
@@ -195,7 +199,9 @@ def _run_group(
     env = {
         k: v for k, v in base_env.items() if not k.startswith(("VLLM_", "ASM_DECODE_TEST_NOOP"))
     } | background.ONE_THREAD
-    return background.run([sys.executable, "-c", script], env, cwd=str(TESTS), timeout=900)
+    return background.run(
+        [sys.executable, "-c", script], env, cwd=str(TESTS), timeout=900, preloaded=True
+    )
 
 
 def _groups() -> dict[tuple[bool, bool], list[str]]:

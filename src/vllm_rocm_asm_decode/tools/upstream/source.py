@@ -5,6 +5,7 @@ settings. Every lookup that fails names its anchor in one line."""
 from __future__ import annotations
 
 import ast
+import functools
 import sys
 from pathlib import Path
 
@@ -77,6 +78,14 @@ def body_start(node: ast.FunctionDef) -> ast.stmt:
     return body[1] if has_doc and len(body) > 1 else body[0]
 
 
+@functools.lru_cache(maxsize=128)
+def _parse(text: str) -> ast.Module:
+    """``ast.parse``, once per text: every run edits the same files in the same order, so
+    a process that applies several times (``--check`` then the write, the tests) meets
+    the same texts again. The trees are shared: read them, never change them."""
+    return ast.parse(text)
+
+
 class Source:
     """One file's text with AST-located edits."""
 
@@ -94,7 +103,7 @@ class Source:
         if self._parsed is not None and self._parsed[0] is self.text:
             return self._parsed[1]
         try:
-            tree = ast.parse(self.text)
+            tree = _parse(self.text)
         except SyntaxError as exc:
             raise UpstreamError(
                 f"{self.path}: does not parse ({exc.msg}, line {exc.lineno})"
