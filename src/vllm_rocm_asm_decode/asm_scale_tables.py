@@ -139,18 +139,23 @@ class _DeviceArray:
         }
 
 
+def _device_memory(device: torch.device) -> _AllocationProp:
+    """Pinned memory on ``device`` (the current device when it has no index)."""
+    index = (
+        torch.accelerator.current_device_index()
+        if device.index is None
+        else device.index
+    )
+    return _AllocationProp(
+        type=_ALLOCATION_PINNED, location=_Location(_LOCATION_DEVICE, index)
+    )
+
+
 class _Mapping:
     """One chunk mapped over a reserved range; unmapped and freed with this object."""
 
     def __init__(self, vm: VirtualMemory, device: torch.device, nbytes: int) -> None:
-        index = (
-            torch.accelerator.current_device_index()
-            if device.index is None
-            else device.index
-        )
-        prop = _AllocationProp(
-            type=_ALLOCATION_PINNED, location=_Location(_LOCATION_DEVICE, index)
-        )
+        prop = _device_memory(device)
         granularity = ctypes.c_size_t()
         vm(
             "MemGetAllocationGranularity",
@@ -195,7 +200,7 @@ class _Mapping:
                     ctypes.c_uint64(0),
                 )
                 state["mapped"] += 1
-            access = _AccessDesc(_Location(_LOCATION_DEVICE, index), _ACCESS_READ_WRITE)
+            access = _AccessDesc(prop.location, _ACCESS_READ_WRITE)
             vm(
                 "MemSetAccess",
                 ctypes.c_uint64(self.ptr),
@@ -299,14 +304,7 @@ def aliasing_available(device: torch.device) -> bool:
     vm = virtual_memory() if device.type == "cuda" else None
     if vm is None:
         return False
-    index = (
-        torch.accelerator.current_device_index()
-        if device.index is None
-        else device.index
-    )
-    prop = _AllocationProp(
-        type=_ALLOCATION_PINNED, location=_Location(_LOCATION_DEVICE, index)
-    )
+    prop = _device_memory(device)
     granularity = ctypes.c_size_t()
     try:
         vm(
