@@ -20,6 +20,7 @@ share one table per scale. Imports nothing but torch (vLLM's quantization module
 when asked whether a layer's scales come from the checkpoint).
 """
 
+import contextlib
 import ctypes
 import math
 import operator
@@ -74,16 +75,14 @@ _CALLS = (
 
 def _loaded_library(stem: str) -> str | None:
     """The path of the copy of ``stem`` this process has loaded (torch's), so that no
-    second copy of the runtime comes in; None when none is loaded."""
+    second copy of the runtime comes in; None when none is loaded. A library whose file
+    name merely starts with ``stem`` (``libcudart`` for ``libcuda``) is not it."""
+    from vllm.utils.system_utils import find_loaded_library
+
     try:
-        with open("/proc/self/maps") as maps:
-            for line in maps:
-                path = line.rstrip("\n").split(maxsplit=5)[-1]
-                if f"/{stem}" in path and ".so" in path:
-                    return path
-    except OSError:
-        pass
-    return None
+        return find_loaded_library(stem)
+    except OSError:  # no /proc
+        return None
 
 
 class VirtualMemory:
@@ -217,14 +216,18 @@ def _free(vm: VirtualMemory, ptr: int, size: int, chunk: int, state: dict) -> No
     """Unmap, release the chunk, free the range (what was made of them). Runs when the
     last tensor over the table is dropped, which vLLM does only after the GPU work that
     reads it is done (it synchronizes before it drops a builder or a KV cache)."""
-    try:
-        for i in range(state["mapped"]):
-            vm("MemUnmap", ctypes.c_uint64(ptr + i * chunk), ctypes.c_size_t(chunk))
-        if state["handle"]:
-            vm("MemRelease", ctypes.c_uint64(state["handle"]))
-        vm("MemAddressFree", ctypes.c_uint64(ptr), ctypes.c_size_t(size))
-    except RuntimeError:
-        pass  # the driver is already shutting down with the process
+    calls: list[tuple[str, Any, Any]] = [
+        ("MemUnmap", ctypes.c_uint64(ptr + i * chunk), ctypes.c_size_t(chunk))
+        for i in range(state["mapped"])
+    ]
+    if state["handle"]:
+        calls.append(("MemRelease", ctypes.c_uint64(state["handle"]), None))
+    calls.append(("MemAddressFree", ctypes.c_uint64(ptr), ctypes.c_size_t(size)))
+    # Each on its own: one refused call (the driver already shutting down with the
+    # process, say) does not keep the rest from being made.
+    for name, *args in calls:
+        with contextlib.suppress(RuntimeError):
+            vm(name, *(a for a in args if a is not None))
 
 
 @dataclass
@@ -277,9 +280,11 @@ def make_table(
             )
             result.fill(scale)
             return result
-        except (RuntimeError, TypeError, ValueError):
+        except (RuntimeError, TypeError, ValueError) as exc:
             if not fallback:
-                raise
+                if isinstance(exc, RuntimeError):
+                    raise
+                raise RuntimeError(f"aliased table on {device}: {exc}") from exc
             # no virtual memory here after all: allocate
     table = torch.full(shape, scale, dtype=torch.float32, device=device)
     return AsmScaleTable(table, table, False, numel * 4, 1, scale)
