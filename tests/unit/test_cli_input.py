@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_rocm_asm_decode.tools import choices
+from vllm_rocm_asm_decode.tools import choices, cli
 from vllm_rocm_asm_decode.tools.cli import _glue_serve_args, main
 
 SHAREGPT_ON_THIS_FILE = ["--dataset=sharegpt", f"--dataset-path={__file__}"]
@@ -169,6 +169,12 @@ PRESET_CONFIG = choices.PRESETS_DIR / "qwen3-14b-fp8" / "config.json"  # 40 / 8 
 CONFIG_CASES = {
     "zero-layers": ({"num_hidden_layers": 0}, [], "num_hidden_layers is 0; it must be a whole"),
     "negative-layers": ({"num_hidden_layers": -2}, [], "num_hidden_layers is -2; it must be"),
+    # plan builds a layer per count: a billion would run until memory ran out.
+    "billion-layers": (
+        {"num_hidden_layers": 10**9},
+        [],
+        "num_hidden_layers is 1000000000; no model has more than 1024 layers",
+    ),
     "zero-kv-heads": ({"num_key_value_heads": 0}, [], "num_key_value_heads is 0; it must be"),
     "text-heads": ({"num_attention_heads": "40"}, [], 'num_attention_heads is "40"; it must'),
     "heads-not-a-multiple": (
@@ -395,3 +401,19 @@ def test_passkey_replies_that_are_not_completions_are_one_line(reply, says, monk
     assert run(["check", "passkey", "--model", "m", "--prompts", "1", "--lengths", "100"]) == 2
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert says in line
+
+
+@pytest.mark.parametrize("command", [["plan"], ["check", "accuracy"], ["upstream", "."]])
+def test_ctrl_c_is_one_line_and_exit_130(monkeypatch, capsys, command):
+    """Ctrl-C mid-command (vLLM loading, a kernel running) ends it without a traceback."""
+
+    def interrupted(*_args, **_kwargs):
+        raise KeyboardInterrupt
+
+    for name in ("_plan", "_missing_runtime", "_settings_problem"):
+        monkeypatch.setattr(cli, name, interrupted if name == "_plan" else lambda: None)
+    monkeypatch.setattr("vllm_rocm_asm_decode.tools.upstream.main", interrupted)
+    monkeypatch.setattr("vllm_rocm_asm_decode.tools.validation.accuracy.main", interrupted)
+    assert cli.main(command) == 130
+    out, err = capsys.readouterr()
+    assert out == "" and err.strip() == "vllm-rocm-asm-decode: interrupted"

@@ -110,10 +110,11 @@ def test_a_sharegpt_file_is_judged_on_its_first_entry(tmp_path, text, says):
     ("kw", "message"),
     [
         (dict(dataset="sharegpt"), "--dataset sharegpt needs --dataset-path FILE"),
-        (dict(dataset="sharegpt", dataset_path="/no/such.json"), "needs --dataset-path FILE"),
+        (dict(dataset="sharegpt", dataset_path="/no/such.json"), "/no/such.json does not exist"),
+        (dict(dataset="sharegpt", dataset_path="/tmp"), "--dataset-path /tmp is a directory"),
         (dict(dataset="sonnet"), "--dataset 'sonnet': use random or sharegpt"),
     ],
-    ids=["no-path", "missing-file", "unknown"],
+    ids=["no-path", "missing-file", "a-directory", "unknown"],
 )
 def test_bad_dataset_is_refused(kw, message):
     with pytest.raises(ValueError, match=message):

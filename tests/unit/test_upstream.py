@@ -506,6 +506,14 @@ def test_the_vllm_package_given_for_its_tree_names_the_parent(tree, capsys):
     assert f"is the vllm package itself; give the directory that holds it ({tree.resolve()})" in err
 
 
+def test_an_installed_vllm_package_is_told_to_write_into_a_copy(tree, capsys):
+    """Its parent (site-packages) would be refused as an installed vLLM: say that at once."""
+    (tree / "vllm-0.33.0.dist-info").mkdir()
+    code, _, err = run(capsys, str(tree / "vllm"))
+    assert code == 2 and err.count("\n") == 1
+    assert "is an installed vLLM package; write into a git checkout, or into a copy" in err
+
+
 def test_the_git_hint_only_for_a_git_checkout(tree, capsys):
     code, out, _ = run(capsys, str(tree))
     assert code == 0 and "changed:" in out and "next: git" not in out

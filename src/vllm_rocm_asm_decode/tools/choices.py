@@ -45,6 +45,9 @@ HEAD_COUNT_KEYS = ("num_attention_heads", "n_head", "num_heads", "n_heads")
 #: Names Hugging Face configs give the KV head count and the layer count.
 KV_HEAD_COUNT_KEYS = ("num_key_value_heads", "num_kv_heads", "n_head_kv", "multi_query_group_num")
 LAYER_COUNT_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
+#: ``plan`` builds one attention layer per counted layer; the deepest served models have
+#: a little over a hundred. A count past this is a damaged config, not a model.
+MAX_LAYERS = 1024
 #: vLLM's block tables hold int32 block ids.
 MAX_GPU_BLOCKS = 2**31 - 1
 #: The longest context ``check accuracy`` and ``bench kernel`` build (the asm decode's
@@ -126,8 +129,9 @@ def attention_section(raw: dict) -> dict:
 
 def check_model_config(model_dir: Path, tensor_parallel_size: int = 1) -> None:
     """What ``config.json`` alone decides, before vLLM is imported: counts that are
-    whole numbers of at least 1, query heads a multiple of the KV heads, and a
-    tensor-parallel size that splits both as vLLM splits them."""
+    whole numbers of at least 1 (layers at most :data:`MAX_LAYERS`), query heads a
+    multiple of the KV heads, and a tensor-parallel size that splits both as vLLM
+    splits them."""
     config = model_dir / "config.json"
     section = attention_section(json.loads(config.read_text()))
     counts: dict[str, tuple[str, int]] = {}
@@ -143,6 +147,10 @@ def check_model_config(model_dir: Path, tensor_parallel_size: int = 1) -> None:
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise InputError(
                 f"{config}: {key} is {json.dumps(value)}; it must be a whole number >= 1"
+            )
+        if what == "layers" and value > MAX_LAYERS:
+            raise InputError(
+                f"{config}: {key} is {value}; no model has more than {MAX_LAYERS} layers"
             )
         counts[what] = (key, value)
     if "heads" not in counts:

@@ -692,6 +692,17 @@ def _glue_serve_args(argv: list[str]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The ``vllm-rocm-asm-decode`` command; Ctrl-C ends it with one line and exit 130
+    (``bench serve`` first stops its server and keeps its results)."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        # On a terminal the ^C (or a loading note) ends the line first.
+        print(("\n" if sys.stderr.isatty() else "") + f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(argv: list[str] | None) -> int:
     argv = _glue_serve_args(list(sys.argv[1:] if argv is None else argv))
     args = build_parser().parse_args(argv)
     # vLLM's and torch's start-up warnings would drown the answer (VLLM_LOGGING_LEVEL,

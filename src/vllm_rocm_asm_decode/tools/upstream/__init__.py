@@ -137,6 +137,11 @@ def _not_a_tree(root: Path, rel: Path) -> str:
         return f"{here} is a directory, not vLLM's file"
     inside = Path(*rel.parts[1:])
     if (root / inside).is_file() and rel.parts[0] == "vllm":
+        if any(root.resolve().parent.glob("vllm-*.dist-info")):
+            return (
+                f"{root} is an installed vLLM package; write into a git checkout, or into "
+                "a copy of it elsewhere (the directory that holds the copy's vllm/)"
+            )
         return (
             f"{root} is the vllm package itself; give the directory that holds it "
             f"({root.resolve().parent})"

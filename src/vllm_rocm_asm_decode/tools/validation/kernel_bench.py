@@ -172,7 +172,7 @@ def measure(case: tuple[int, int, int, int], precision: int, iters: int) -> Timi
 def main(args: argparse.Namespace) -> int:
     problem = rocm_gpu_problem()
     if problem is not None:
-        print(f"{PROG}: needs a gfx942/gfx950 GPU with AITER: {problem}", file=sys.stderr)
+        print(f"{PROG}: error: needs a gfx942/gfx950 GPU with AITER: {problem}", file=sys.stderr)
         return 2
     precision = {"uhp": 2, "default": 1}.get(args.precision)
     if precision is None:

@@ -138,13 +138,11 @@ class ServeConfig:
             raise ValueError(f"--baseline {self.baseline!r}: use plugin-off or mha-off")
         if self.dataset not in DATASETS:
             raise ValueError(f"--dataset {self.dataset!r}: use random or sharegpt")
-        if self.dataset == "sharegpt" and (
-            self.dataset_path is None or not Path(self.dataset_path).is_file()
-        ):
-            raise ValueError(
-                "--dataset sharegpt needs --dataset-path FILE, a ShareGPT JSON file "
-                f"(got {self.dataset_path})"
-            )
+        if self.dataset == "sharegpt" and self.dataset_path is None:
+            raise ValueError("--dataset sharegpt needs --dataset-path FILE, a ShareGPT JSON file")
+        if self.dataset == "sharegpt" and not Path(self.dataset_path).is_file():
+            what = "is a directory" if Path(self.dataset_path).is_dir() else "does not exist"
+            raise ValueError(f"--dataset-path {self.dataset_path} {what}")
         if self.dataset != "sharegpt" and self.dataset_path is not None:
             raise ValueError(
                 f"--dataset-path {self.dataset_path} is read only with --dataset sharegpt "
