@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 import torch
 from vllm.config import ModelConfig
+from vllm.v1.attention.backend import AttentionType
 from vllm.v1.attention.ops.paged_attn import PagedAttention
 
 from .aiter_version import AiterBuild
@@ -105,9 +106,16 @@ def rejection_reasons(
     aiter: AiterBuild,
 ) -> list[str]:
     """Why this layer keeps the HIP decode in the plugin; empty when it may run asm.
-    The core rule's reasons, else the guards'."""
+    The core rule's reasons, else the guards' (which ask AITER for what the rule
+    admits). The fp16 proof is asked for either way: a user who fixes the rule's
+    reasons should not find it only then."""
     reasons = asm_decode_rejections(impl, kv_cache, model_config, kernels.arch)
-    return reasons or guard_reasons(impl, kv_cache, model_config, kernels, aiter)
+    if not reasons:
+        return guard_reasons(impl, kv_cache, model_config, kernels, aiter)
+    decoder = impl.attn_type == AttentionType.DECODER
+    if decoder and model_config.dtype == torch.float16 and not aiter.trusted:
+        reasons.append(FP16_UNPROVEN)
+    return reasons
 
 
 def default_cut(compute_units: int) -> int:

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from vllm_rocm_asm_decode.aiter_version import AiterBuild
 from vllm_rocm_asm_decode.core import asm_decode, asm_decode_rejections, use_asm_decode
-from vllm_rocm_asm_decode.eligibility import call_uses_asm, rejection_reasons
+from vllm_rocm_asm_decode.eligibility import FP16_UNPROVEN, call_uses_asm, rejection_reasons
 from vllm_rocm_asm_decode.kernel_table import fallback_table, load_table
 from vllm_rocm_asm_decode.mixed import leading_decodes, split_asm_decode
 
@@ -205,6 +205,9 @@ def test_every_rejection_names_its_reason(layer):
         (layer.max_model_len > 131072, f"max_model_len {layer.max_model_len}"),
     ):
         assert not wrong or any(part in r for r in reasons), (part, reasons)
+    # fp16 waits for doctor's probe whatever else a layer lacks (UNFIXED is not trusted):
+    # fixing the rule's reasons must not reveal it only then.
+    assert (FP16_UNPROVEN in reasons) == (layer.query_dtype == torch.float16)
     # The guards (AITER's block-id clause among them) speak only where the core admits:
     # then a cache past 65536 blocks on an AITER without the fix is named.
     if not asm_decode_rejections(*layer.build(), "gfx950") and layer.num_blocks > 65536:
