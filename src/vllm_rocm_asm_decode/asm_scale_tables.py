@@ -73,16 +73,21 @@ _CALLS = (
 )
 
 
-def _loaded_library(stem: str) -> str | None:
+def _loaded_library(stem: str, maps: str = "/proc/self/maps") -> str | None:
     """The path of the copy of ``stem`` this process has loaded (torch's), so that no
-    second copy of the runtime comes in; None when none is loaded. A library whose file
-    name merely starts with ``stem`` (``libcudart`` for ``libcuda``) is not it."""
-    from vllm.utils.system_utils import find_loaded_library
-
+    second copy of the runtime comes in; None when none is loaded. Matched on the file
+    name (``stem.so...`` or ``stem-<hash>.so...``) in ``/proc/self/maps``: ``libcudart``
+    is not ``libcuda``."""
     try:
-        return find_loaded_library(stem)
+        with open(maps) as lines:
+            for line in lines:
+                path = line[line.find("/") :].strip() if "/" in line else ""
+                name = path.rsplit("/", 1)[-1]
+                if name.startswith((f"{stem}.so", f"{stem}-")):
+                    return path
     except OSError:  # no /proc
-        return None
+        pass
+    return None
 
 
 class VirtualMemory:
@@ -138,31 +143,34 @@ class _DeviceArray:
         }
 
 
-def _device_memory(device: torch.device) -> _AllocationProp:
-    """Pinned memory on ``device`` (the current device when it has no index)."""
+def _device_memory(
+    vm: VirtualMemory, device: torch.device
+) -> tuple[_AllocationProp, int]:
+    """Pinned memory on ``device`` (the current device when it has no index), and the
+    driver's allocation granularity for it in bytes."""
     index = (
         torch.accelerator.current_device_index()
         if device.index is None
         else device.index
     )
-    return _AllocationProp(
+    prop = _AllocationProp(
         type=_ALLOCATION_PINNED, location=_Location(_LOCATION_DEVICE, index)
     )
+    granularity = ctypes.c_size_t()
+    vm(
+        "MemGetAllocationGranularity",
+        ctypes.byref(granularity),
+        ctypes.byref(prop),
+        0,
+    )
+    return prop, granularity.value
 
 
 class _Mapping:
     """One chunk mapped over a reserved range; unmapped and freed with this object."""
 
     def __init__(self, vm: VirtualMemory, device: torch.device, nbytes: int) -> None:
-        prop = _device_memory(device)
-        granularity = ctypes.c_size_t()
-        vm(
-            "MemGetAllocationGranularity",
-            ctypes.byref(granularity),
-            ctypes.byref(prop),
-            0,
-        )
-        step = granularity.value
+        prop, step = _device_memory(vm, device)
         self.chunk = step * max(1, math.ceil(nbytes / (step * MAX_MAPPINGS)))
         self.mappings = math.ceil(nbytes / self.chunk)
         size = self.mappings * self.chunk
@@ -216,18 +224,18 @@ def _free(vm: VirtualMemory, ptr: int, size: int, chunk: int, state: dict) -> No
     """Unmap, release the chunk, free the range (what was made of them). Runs when the
     last tensor over the table is dropped, which vLLM does only after the GPU work that
     reads it is done (it synchronizes before it drops a builder or a KV cache)."""
-    calls: list[tuple[str, Any, Any]] = [
-        ("MemUnmap", ctypes.c_uint64(ptr + i * chunk), ctypes.c_size_t(chunk))
+    calls: list[tuple[str, tuple[Any, ...]]] = [
+        ("MemUnmap", (ctypes.c_uint64(ptr + i * chunk), ctypes.c_size_t(chunk)))
         for i in range(state["mapped"])
     ]
     if state["handle"]:
-        calls.append(("MemRelease", ctypes.c_uint64(state["handle"]), None))
-    calls.append(("MemAddressFree", ctypes.c_uint64(ptr), ctypes.c_size_t(size)))
+        calls.append(("MemRelease", (ctypes.c_uint64(state["handle"]),)))
+    calls.append(("MemAddressFree", (ctypes.c_uint64(ptr), ctypes.c_size_t(size))))
     # Each on its own: one refused call (the driver already shutting down with the
     # process, say) does not keep the rest from being made.
-    for name, *args in calls:
+    for name, args in calls:
         with contextlib.suppress(RuntimeError):
-            vm(name, *(a for a in args if a is not None))
+            vm(name, *args)
 
 
 @dataclass
@@ -309,16 +317,9 @@ def aliasing_available(device: torch.device) -> bool:
     vm = virtual_memory() if device.type == "cuda" else None
     if vm is None:
         return False
-    prop = _device_memory(device)
-    granularity = ctypes.c_size_t()
     try:
-        vm(
-            "MemGetAllocationGranularity",
-            ctypes.byref(granularity),
-            ctypes.byref(prop),
-            0,
-        )
-        rows = 3 * granularity.value // 64  # [rows, 1, 16] fp32: three chunks
+        _, granularity = _device_memory(vm, device)
+        rows = 3 * granularity // 64  # [rows, 1, 16] fp32: three chunks
         probe = make_table(device, (rows, 1, 16), 0.0, fallback=False)
         probe.fill(0.625)
         ok = probe.mappings == 3 and float(probe.tensor[-1, 0, -1]) == 0.625

@@ -189,3 +189,21 @@ def test_in_vllm_allocated_tables_stay_shared_by_value(tmp_path):
     bindings = bind(model)
     assert len({t.data_ptr() for b in bindings for t in b}) == 2
     assert model.builder.asm_tables.owners == [] and model.builder.asm_tables.aliased is False
+
+
+def test_the_driver_library_is_the_loaded_copy_named_as_it_is(tmp_path):
+    """The copy torch loaded, matched on its file name: a library whose name only
+    starts like it (libcudart for libcuda) or a folder named like it is not it."""
+    from vllm_rocm_asm_decode.asm_scale_tables import _loaded_library
+
+    maps = tmp_path / "maps"
+    maps.write_text(
+        "7f00-7f01 r-xp 0 08:01 1 /opt/libcuda/lib/libcudart.so.13\n"
+        "7f01-7f02 r-xp 0 08:01 2 /usr/lib/libcuda.so.580.159.04\n"
+        "7f02-7f03 rw-p 0 00:00 0 [heap]\n"
+        "7f03-7f04 r-xp 0 08:01 3 /opt/rocm/lib/libamdhip64-2f1e.so.6\n"
+    )
+    assert _loaded_library("libcuda", str(maps)) == "/usr/lib/libcuda.so.580.159.04"
+    assert _loaded_library("libamdhip64", str(maps)) == "/opt/rocm/lib/libamdhip64-2f1e.so.6"
+    assert _loaded_library("libnvrtc", str(maps)) is None
+    assert _loaded_library("libcuda", str(tmp_path / "absent")) is None
