@@ -74,14 +74,20 @@ def waits(module_file: str | Path, test: str) -> bool:
     return any(c.module == module and test in c.tests for c in _DECLARED.values())
 
 
-def start_for(selected: Iterable[tuple[Path, str]]) -> None:
-    """Start, longest first, every check a selected ``(module, test function)`` needs."""
+def _start(needed: Callable[[_Check], bool]) -> None:
+    """Start, longest first, every check not started yet that ``needed`` picks, with
+    the environment as it is now."""
     global _ENV
     _ENV = dict(os.environ)
-    wanted = set(selected)
     for name, check in sorted(_DECLARED.items(), key=lambda kv: -kv[1].seconds):
-        if name not in _STARTED and any((check.module, t) in wanted for t in check.tests):
+        if name not in _STARTED and needed(check):
             _STARTED[name] = _POOL.submit(check.run, dict(_ENV))
+
+
+def start_for(selected: Iterable[tuple[Path, str]]) -> None:
+    """Start every check a selected ``(module, test function)`` needs."""
+    wanted = set(selected)
+    _start(lambda check: any((check.module, t) in wanted for t in check.tests))
 
 
 def start_early(paths: Iterable[Path]) -> None:
@@ -89,13 +95,8 @@ def start_early(paths: Iterable[Path]) -> None:
     of ``paths``. Only for a run that selects every test of the files it names (no -k,
     -m, --deselect, node ids...): then a check's tests are sure to run, and it gets the
     seconds collection takes (vLLM's import) on a core that would sit idle."""
-    global _ENV
-    _ENV = dict(os.environ)
     roots = [p.resolve() for p in paths]
-    for name, check in sorted(_DECLARED.items(), key=lambda kv: -kv[1].seconds):
-        under = any(check.module == r or r in check.module.parents for r in roots)
-        if under and name not in _STARTED:
-            _STARTED[name] = _POOL.submit(check.run, dict(_ENV))
+    _start(lambda check: any(check.module == r or r in check.module.parents for r in roots))
 
 
 def result(name: str) -> Any:

@@ -29,8 +29,18 @@ collect_ignore = ["e2e"] if REAL_ROCM else []
 
 #: Options that select fewer tests than the paths hold: with any, checks start only once
 #: collection says which tests run.
-_NARROWING = ("keyword", "markexpr", "deselect", "ignore", "ignore_glob", "lf", "failedfirst")
-_NARROWING += ("stepwise", "stepwise_skip", "collectonly")
+_NARROWING = (
+    "keyword",
+    "markexpr",
+    "deselect",
+    "ignore",
+    "ignore_glob",
+    "lf",
+    "failedfirst",
+    "stepwise",
+    "stepwise_skip",
+    "collectonly",
+)
 
 
 def pytest_sessionstart(session):
