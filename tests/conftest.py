@@ -180,3 +180,27 @@ def short_contexts(monkeypatch):
     from vllm_rocm_asm_decode.tools.validation import selftest
 
     monkeypatch.setattr(selftest, "ACCURACY_CONTEXTS", (1, 15, 16, 17, 255))
+
+
+@pytest.fixture
+def hip_vm(monkeypatch):
+    """The runtime's ``hipMem*`` path on the HIP stand-in (``standins/hip/hip_vm.c``,
+    ROCm's checks, 4 KiB minimum granularity): scale tables on ``cpu`` tensors are then
+    made as on an MI300X/MI355X, aliased over host memory. In-tree, the module stage 3
+    writes into vLLM. Yields the stand-in's controls; no mapping outlives the test."""
+    import gc
+    import importlib
+
+    import hip_standin
+
+    import harness
+
+    name = (
+        "vllm.v1.attention.backends.asm_scale_tables"
+        if harness.IN_TREE
+        else "vllm_rocm_asm_decode.asm_scale_tables"
+    )
+    standin = hip_standin.runtime_vm(monkeypatch, importlib.import_module(name))
+    yield standin
+    gc.collect()
+    standin.configure()

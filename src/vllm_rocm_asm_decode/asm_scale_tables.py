@@ -9,9 +9,21 @@ values) maps one chunk at every chunk-sized step of an address range of the tabl
 size. Filling the chunk sets every entry at once, in place, so a CUDA graph that
 captured the table reads the new scale: a weight reload refills it.
 
+What the drivers take, from their source (ROCm/clr ``hipamd/src/hip_vm.cpp``): a chunk
+is a power of two of at least 2 MiB, the reserved range's alignment (ROCm refuses an
+alignment that is not a power of two) and a multiple of the allocation granularity
+(4 KiB minimum and 2 MiB recommended on MI300X/MI355X; 2 MiB on CUDA). A table takes at
+most 256 mappings (its chunk grows beyond), and the process's tables at most
+:func:`mapping_bound` in all (ROCm 7.x makes a CPU mapping for every ``hipMemMap``,
+counted against ``vm.max_map_count``). Older ROCm runtimes report a mapping made when it
+failed underneath, so every aliased table is read back whole once, on the device, right
+after it is filled (one host read, at bind time); aliasing needs ROCm 7.0 or later, the
+first whose tests map one allocation at several addresses.
+
 Where the driver offers no virtual memory (the CPU, an old driver, a container that
-forbids it), a table is a plain allocation of its full size. A table's memory is
-released when the last tensor over it is dropped.
+forbids it) or a table cannot be aliased, a table is a plain allocation of its full size
+(or, where the caller allows none, ``RuntimeError``; :class:`MappingLimitError` past the
+mapping bound). A table's memory is released when the last tensor over it is dropped.
 
 :class:`AsmScaleTables` is one metadata builder's set: layers whose scales come from the
 checkpoint own a K and a V table, refilled in place when a reload changes their scales
@@ -24,6 +36,7 @@ import contextlib
 import ctypes
 import math
 import operator
+import re
 import time
 import weakref
 from dataclasses import dataclass
@@ -31,13 +44,25 @@ from typing import Any
 
 import torch
 
+#: A table's chunk is a power of two of at least this many bytes.
+MIN_CHUNK = 2 << 20
 # A table needs at most this many mappings; its chunk grows with it beyond that.
 MAX_MAPPINGS = 256
+#: The first ROCm whose own tests map one allocation at several addresses (hip-tests'
+#: Map2MultVMMs) and check what ``hipMemMap`` did; PyTorch uses HIP virtual memory from
+#: ROCm 7.0.2.
+MIN_ROCM = (7, 0)
+#: The share of ``vm.max_map_count`` the process's tables may take, and that count where
+#: it cannot be read (the kernel's default).
+MAP_COUNT_SHARE = 4
+DEFAULT_MAX_MAP_COUNT = 65530
 
 # Flag values, the same in CUDA and HIP.
 _ALLOCATION_PINNED = 1
 _LOCATION_DEVICE = 1
 _ACCESS_READ_WRITE = 3
+_GRANULARITY_MINIMUM = 0
+_GRANULARITY_RECOMMENDED = 1
 
 
 class _Location(ctypes.Structure):
@@ -90,17 +115,41 @@ def _loaded_library(stem: str, maps: str = "/proc/self/maps") -> str | None:
     return None
 
 
+def rocm_problem(version: str | None) -> str | None:
+    """Why this ROCm (``torch.version.hip``) gets no aliased tables; None if it does."""
+    found = re.match(r"(\d+)\.(\d+)", version or "")
+    if found is None:
+        return f"ROCm version {version!r} not understood"
+    if (int(found[1]), int(found[2])) < MIN_ROCM:
+        return f"ROCm {found[1]}.{found[2]} is older than {MIN_ROCM[0]}.{MIN_ROCM[1]}"
+    return None
+
+
 class VirtualMemory:
     """The driver's virtual-memory calls: ``cu*`` from libcuda, or ``hip*`` from
     libamdhip64 on ROCm (the copy torch loaded); only the library and the prefix
-    differ. Every call is resolved here: a library without one is no library."""
+    differ. Every call is resolved here: a library without one is no library.
 
-    def __init__(self) -> None:
-        if torch.version.hip:
-            stem, default, self.prefix = "libamdhip64", "libamdhip64.so", "hip"
-        else:
-            stem, default, self.prefix = "libcuda", "libcuda.so.1", "cu"
-        self.library = _loaded_library(stem) or default
+    ``library``/``prefix`` name another library of the same calls, whose memory is that
+    of ``device_type`` devices (the tests' HIP stand-in maps host memory: ``cpu``)."""
+
+    def __init__(
+        self,
+        library: str | None = None,
+        prefix: str | None = None,
+        device_type: str = "cuda",
+    ) -> None:
+        if library is None:
+            if torch.version.hip:
+                problem = rocm_problem(torch.version.hip)
+                if problem is not None:
+                    raise OSError(problem)
+                stem, default, prefix = "libamdhip64", "libamdhip64.so", "hip"
+            else:
+                stem, default, prefix = "libcuda", "libcuda.so.1", "cu"
+            library = _loaded_library(stem) or default
+        self.library, self.prefix = library, prefix or "cu"
+        self.device_type = device_type
         lib = ctypes.CDLL(self.library)
         try:
             self._calls = {name: getattr(lib, self.prefix + name) for name in _CALLS}
@@ -115,7 +164,7 @@ class VirtualMemory:
             raise RuntimeError(f"{self.prefix}{name} failed with error {error}")
 
 
-_VM: list[VirtualMemory | None] = []
+_VM: list[VirtualMemory | str] = []
 
 
 def virtual_memory() -> VirtualMemory | None:
@@ -123,9 +172,39 @@ def virtual_memory() -> VirtualMemory | None:
     if not _VM:
         try:
             _VM.append(VirtualMemory())
-        except OSError:
-            _VM.append(None)
-    return _VM[0]
+        except OSError as exc:
+            _VM.append(str(exc) or type(exc).__name__)
+    vm = _VM[0]
+    return vm if isinstance(vm, VirtualMemory) else None
+
+
+def mapping_bound() -> int:
+    """How many mappings the tables of this process may hold in all: a quarter of
+    ``vm.max_map_count`` (ROCm 7.x makes a CPU mapping for every ``hipMemMap``)."""
+    try:
+        with open("/proc/sys/vm/max_map_count") as f:
+            limit = int(f.read())
+    except (OSError, ValueError):
+        limit = DEFAULT_MAX_MAP_COUNT
+    return limit // MAP_COUNT_SHARE
+
+
+#: Mappings the tables of this process hold now.
+_LIVE = [0]
+
+
+def live_mappings() -> int:
+    return _LIVE[0]
+
+
+class MappingLimitError(RuntimeError):
+    """A table would take the process past :func:`mapping_bound` mappings."""
+
+    def __init__(self, needed: int, bound: int) -> None:
+        super().__init__(
+            f"{needed} more mappings would pass the bound of {bound} ({_LIVE[0]} held)"
+        )
+        self.bound = bound
 
 
 class _DeviceArray:
@@ -143,51 +222,83 @@ class _DeviceArray:
         }
 
 
+def _tensor_over(
+    ptr: int, numel: int, owner: object, device: torch.device
+) -> torch.Tensor:
+    """fp32 values at ``ptr`` as a tensor that keeps ``owner`` alive: device memory
+    through ``__cuda_array_interface__``, host memory (the tests' HIP stand-in) as a
+    buffer."""
+    if device.type == "cpu":
+        values = (ctypes.c_float * numel).from_address(ptr)
+        values.owner = owner  # type: ignore[attr-defined]
+        return torch.frombuffer(values, dtype=torch.float32)
+    return torch.as_tensor(_DeviceArray(ptr, numel, owner), device=device)
+
+
 def _device_memory(
     vm: VirtualMemory, device: torch.device
 ) -> tuple[_AllocationProp, int]:
-    """Pinned memory on ``device`` (the current device when it has no index), and the
-    driver's allocation granularity for it in bytes."""
-    index = (
-        torch.accelerator.current_device_index()
-        if device.index is None
-        else device.index
-    )
+    """Pinned memory on ``device`` (the current device when it has no index; 0 for host
+    memory), and the driver's allocation granularity for it in bytes: the larger of its
+    minimum and recommended ones."""
+    index = device.index
+    if index is None:
+        index = 0 if device.type == "cpu" else torch.accelerator.current_device_index()
     prop = _AllocationProp(
         type=_ALLOCATION_PINNED, location=_Location(_LOCATION_DEVICE, index)
     )
-    granularity = ctypes.c_size_t()
-    vm(
-        "MemGetAllocationGranularity",
-        ctypes.byref(granularity),
-        ctypes.byref(prop),
-        0,
-    )
-    return prop, granularity.value
+    found = []
+    for option in (_GRANULARITY_MINIMUM, _GRANULARITY_RECOMMENDED):
+        granularity = ctypes.c_size_t()
+        vm(
+            "MemGetAllocationGranularity",
+            ctypes.byref(granularity),
+            ctypes.byref(prop),
+            option,
+        )
+        found.append(granularity.value)
+    return prop, max(found)
+
+
+def chunk_bytes(nbytes: int, granularity: int) -> int:
+    """The chunk of a table of ``nbytes``: the smallest power of two of at least
+    :data:`MIN_CHUNK` and ``granularity`` that maps the table in at most
+    :data:`MAX_MAPPINGS` steps; ``RuntimeError`` if the granularity divides none."""
+    least = max(MIN_CHUNK, granularity, -(-nbytes // MAX_MAPPINGS), 1)
+    chunk = 1 << (least - 1).bit_length()
+    if granularity <= 0 or chunk % granularity:
+        raise RuntimeError(f"allocation granularity {granularity} divides no chunk")
+    return chunk
 
 
 class _Mapping:
-    """One chunk mapped over a reserved range; unmapped and freed with this object."""
+    """One chunk mapped over a reserved range; unmapped and freed with this object (or
+    at once by :meth:`release`)."""
 
     def __init__(self, vm: VirtualMemory, device: torch.device, nbytes: int) -> None:
-        prop, step = _device_memory(vm, device)
-        self.chunk = step * max(1, math.ceil(nbytes / (step * MAX_MAPPINGS)))
+        prop, granularity = _device_memory(vm, device)
+        self.chunk = chunk_bytes(nbytes, granularity)
         self.mappings = math.ceil(nbytes / self.chunk)
+        bound = mapping_bound()
+        if _LIVE[0] + self.mappings > bound:
+            raise MappingLimitError(self.mappings, bound)
         size = self.mappings * self.chunk
         ptr, handle = ctypes.c_uint64(), ctypes.c_uint64()
         vm(
             "MemAddressReserve",
             ctypes.byref(ptr),
             ctypes.c_size_t(size),
-            ctypes.c_size_t(self.chunk),
+            ctypes.c_size_t(self.chunk),  # a power of two, as ROCm requires
             ctypes.c_uint64(0),
             ctypes.c_uint64(0),
         )
         self.ptr = ptr.value
         state = {"mapped": 0, "handle": 0}
-        release = weakref.finalize(self, _free, vm, self.ptr, size, self.chunk, state)
+        self.release = weakref.finalize(
+            self, _free, vm, self.ptr, size, self.chunk, state
+        )
         # At exit the driver tears the context down itself.
-        release.atexit = False
+        self.release.atexit = False
         try:
             vm(
                 "MemCreate",
@@ -207,6 +318,7 @@ class _Mapping:
                     ctypes.c_uint64(0),
                 )
                 state["mapped"] += 1
+                _LIVE[0] += 1
             access = _AccessDesc(prop.location, _ACCESS_READ_WRITE)
             vm(
                 "MemSetAccess",
@@ -216,7 +328,7 @@ class _Mapping:
                 ctypes.c_size_t(1),
             )
         except BaseException:
-            release()
+            self.release()
             raise
 
 
@@ -234,6 +346,8 @@ def _free(vm: VirtualMemory, ptr: int, size: int, chunk: int, state: dict) -> No
     # Each on its own: one refused call (the driver already shutting down with the
     # process, say) does not keep the rest from being made.
     for name, args in calls:
+        if name == "MemUnmap":  # unmapped now, or never mapped where the driver says so
+            _LIVE[0] -= 1
         with contextlib.suppress(RuntimeError):
             vm(name, *args)
 
@@ -261,6 +375,28 @@ class AsmScaleTable:
         self.scale = scale
 
 
+def _aliased_table(
+    vm: VirtualMemory, device: torch.device, shape: tuple[int, int, int], scale: float
+) -> AsmScaleTable:
+    """One chunk mapped over a table of ``shape``, filled with ``scale`` and read back
+    whole on the device (one host read): ``RuntimeError`` if an entry is not ``scale``,
+    as where the driver reported a mapping it did not make."""
+    numel = math.prod(shape)
+    mapping = _Mapping(vm, device, numel * 4)
+    table = _tensor_over(mapping.ptr, numel, mapping, device).view(shape)
+    chunk = _tensor_over(mapping.ptr, mapping.chunk // 4, mapping, device)
+    result = AsmScaleTable(table, chunk, True, mapping.chunk, mapping.mappings, scale)
+    result.fill(scale)
+    if not bool(torch.all(table == scale)):
+        del result, table, chunk
+        mapping.release()
+        raise RuntimeError(
+            f"an aliased table of {numel * 4} bytes read back wrong after it was "
+            "filled: the driver reported mappings it did not make"
+        )
+    return result
+
+
 def make_table(
     device: torch.device,
     shape: tuple[int, int, int],
@@ -270,32 +406,24 @@ def make_table(
 ) -> AsmScaleTable:
     """A table of ``shape`` holding ``scale``: aliased over one chunk where the driver
     offers virtual memory (and ``aliased``), else a plain allocation. Without
-    ``fallback`` an aliased table that cannot be made raises ``RuntimeError``."""
-    numel = math.prod(shape)
-    vm = virtual_memory() if aliased and device.type == "cuda" else None
+    ``fallback`` an aliased table that cannot be made raises ``RuntimeError``
+    (:class:`MappingLimitError` past the process's mapping bound)."""
+    vm = virtual_memory() if aliased else None
+    if vm is not None and device.type != vm.device_type:
+        vm = None
     if aliased and vm is None and not fallback:
         raise RuntimeError(f"no virtual memory on {device}")
     if vm is not None:
         try:
-            mapping = _Mapping(vm, device, numel * 4)
-            base = mapping.ptr
-            table = torch.as_tensor(_DeviceArray(base, numel, mapping), device=device)
-            chunk = torch.as_tensor(
-                _DeviceArray(base, mapping.chunk // 4, mapping), device=device
-            )
-            result = AsmScaleTable(
-                table.view(shape), chunk, True, mapping.chunk, mapping.mappings, scale
-            )
-            result.fill(scale)
-            return result
+            return _aliased_table(vm, device, shape, scale)
         except (RuntimeError, TypeError, ValueError) as exc:
             if not fallback:
                 if isinstance(exc, RuntimeError):
                     raise
                 raise RuntimeError(f"aliased table on {device}: {exc}") from exc
-            # no virtual memory here after all: allocate
+            # not aliased here after all: allocate
     table = torch.full(shape, scale, dtype=torch.float32, device=device)
-    return AsmScaleTable(table, table, False, numel * 4, 1, scale)
+    return AsmScaleTable(table, table, False, table.numel() * 4, 1, scale)
 
 
 def make_tables(
@@ -310,22 +438,37 @@ def make_tables(
     return tables, time.perf_counter() - start
 
 
-def aliasing_available(device: torch.device) -> bool:
-    """Whether tables on ``device`` can be aliased: a probe table of three mappings of
-    one chunk, filled through the chunk and read back at its far end (one host read,
-    at bind time), freed at once."""
-    vm = virtual_memory() if device.type == "cuda" else None
-    if vm is None:
-        return False
+def aliasing_problem(
+    device: torch.device, shape: tuple[int, int, int] | None = None
+) -> str | None:
+    """Why tables on ``device`` are not aliased; None when they are. Probed once with a
+    table of ``shape`` (a real table's; three chunks by default), made, read back whole
+    and freed at once."""
+    vm = virtual_memory()
+    if vm is None or device.type != vm.device_type:
+        if device.type != "cuda":
+            return f"no GPU virtual memory for {device.type} tensors"
+        return f"no GPU virtual memory: {_VM[0]}"
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return "a CUDA graph is being captured"  # the probe reads back on the host
+    if shape is None:
+        try:
+            _, granularity = _device_memory(vm, device)
+        except RuntimeError as exc:
+            return str(exc)
+        shape = (3 * max(granularity, MIN_CHUNK) // 64, 1, 16)  # three chunks
     try:
-        _, granularity = _device_memory(vm, device)
-        rows = 3 * granularity // 64  # [rows, 1, 16] fp32: three chunks
-        probe = make_table(device, (rows, 1, 16), 0.0, fallback=False)
-        probe.fill(0.625)
-        ok = probe.mappings == 3 and float(probe.tensor[-1, 0, -1]) == 0.625
-    except RuntimeError:
-        return False
-    return ok
+        make_table(device, shape, 0.625, fallback=False)
+    except RuntimeError as exc:
+        return str(exc)
+    return None
+
+
+def aliasing_available(
+    device: torch.device, shape: tuple[int, int, int] | None = None
+) -> bool:
+    """Whether tables on ``device`` can be aliased (see :func:`aliasing_problem`)."""
+    return aliasing_problem(device, shape) is None
 
 
 def checkpoint_scales(layer: Any) -> bool:
@@ -348,12 +491,14 @@ class AsmScaleTables:
         self, device: torch.device, aliased: bool | None = None, strict: bool = False
     ) -> None:
         self.device = device
-        #: Aliased where the device offers virtual memory (decided at the first table).
+        #: Aliased where the device offers virtual memory (probed at the first table).
         self.aliased = aliased
+        #: Why tables are not aliased (None while they are, or before the probe).
+        self.problem: str | None = None
         #: Once aliased, a table the driver refuses raises ``RuntimeError`` (``strict``:
-        #: the caller budgeted no allocation) or is allocated, the later ones shared.
+        #: the caller budgeted no allocation) or is allocated, the later ones too.
         self.strict = strict
-        self.shared: dict[tuple[tuple[int, int, int], float], AsmScaleTable] = {}
+        self.shared: dict[tuple[tuple[int, int, int], float, bool], AsmScaleTable] = {}
         #: The layers that own their tables, their tables, and the scales they hold.
         self.owners: list[Any] = []
         self.owned: list[tuple[AsmScaleTable, AsmScaleTable]] = []
@@ -362,43 +507,57 @@ class AsmScaleTables:
         #: Seconds spent making tables.
         self.seconds = 0.0
 
-    def _decide(self) -> bool:
+    def probe(self, shape: tuple[int, int, int]) -> bool:
+        """Whether this set's tables are aliased: probed once, with a table of
+        ``shape`` (see :func:`aliasing_problem`); ``problem`` says why not."""
         if self.aliased is None:
-            self.aliased = aliasing_available(self.device)
+            self.problem = aliasing_problem(self.device, shape)
+            self.aliased = self.problem is None
         return self.aliased
 
-    def _make(self, shape: tuple[int, int, int], scale: float) -> AsmScaleTable:
-        aliased = self._decide()
+    def _make(
+        self, shape: tuple[int, int, int], scale: float, aliased: bool
+    ) -> AsmScaleTable:
         start = time.perf_counter()
         table = make_table(self.device, shape, scale, aliased, fallback=not self.strict)
         if aliased and not table.aliased:
             self.aliased = False
+            self.problem = "an aliased table could not be made"
         self.seconds += time.perf_counter() - start
         return table
 
     def get(
-        self, layer: Any, shape: tuple[int, int, int], own: bool | None = None
+        self,
+        layer: Any,
+        shape: tuple[int, int, int],
+        own: bool | None = None,
+        aliased: bool | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The K and V tables of ``layer``: its own where its scales may come from the
         checkpoint and tables are aliased (``own``, by default that), else shared with
-        the layers of equal scale, as allocated tables always were."""
+        the layers of equal scale, as allocated tables always were. ``aliased``: False
+        allocates them whatever the device offers."""
         k, v = layer._k_scale_float, layer._v_scale_float
+        alias = self.probe(shape) and aliased is not False
         if own is None:
-            own = self._decide() and checkpoint_scales(layer)
+            own = alias and checkpoint_scales(layer)
         if own:
-            tables = (self._make(shape, k), self._make(shape, v))
+            tables = (self._make(shape, k, alias), self._make(shape, v, alias))
             self.owners.append(layer)
             self.owned.append(tables)
             self._k.append(k)
             self._v.append(v)
         else:
-            tables = (self._shared(shape, k), self._shared(shape, v))
+            tables = (self._shared(shape, k, alias), self._shared(shape, v, alias))
         return tables[0].tensor, tables[1].tensor
 
-    def _shared(self, shape: tuple[int, int, int], scale: float) -> AsmScaleTable:
-        table = self.shared.get((shape, scale))
+    def _shared(
+        self, shape: tuple[int, int, int], scale: float, aliased: bool
+    ) -> AsmScaleTable:
+        table = self.shared.get((shape, scale, aliased))
         if table is None:
-            table = self.shared[(shape, scale)] = self._make(shape, scale)
+            table = self._make(shape, scale, aliased)
+            self.shared[(shape, scale, aliased)] = table
         return table
 
     def changed(self) -> bool:

@@ -51,7 +51,11 @@ from vllm.v1.attention.ops import chunked_prefill_paged_decode as stock_ops
 from vllm.v1.kv_cache_interface import AttentionSpec
 
 from . import settings
-from .asm_scale_tables import AsmScaleTables, aliasing_available, checkpoint_scales
+from .asm_scale_tables import (
+    AsmScaleTables,
+    MappingLimitError,
+    checkpoint_scales,
+)
 from .core import ASM_PRECISION, asm_decode, use_asm_decode
 from .eligibility import (
     FP16_UNPROVEN,
@@ -67,6 +71,7 @@ from .kernel import AsmKernel, current_arch, load_asm_kernel, unavailable_reason
 from .log import logger
 from .mixed import AsmDecodeSplit, asm_split_off, asm_split_reorders, split_asm_decode
 from .scale_tables import (
+    TableBudget,
     TableKey,
     fit_tables,
     mib,
@@ -529,13 +534,16 @@ def make_binding(
     kv_cache: torch.Tensor,
     query_dtype: torch.dtype,
     tables: AsmScaleTables,
+    aliased: bool | None = None,
 ) -> AsmLayerBinding:
     """The views and tables an eligible layer's asm decode reads (makes its tables
-    when they do not exist yet)."""
+    when they do not exist yet; ``aliased=False`` allocates them)."""
     key_cache, value_pages = split_cache(impl, kv_cache)
     num_blocks, num_kv_heads, _, block_size, _ = key_cache.shape
     own = checkpoint_scales(layer)
-    k_table, v_table = tables.get(layer, (num_blocks, num_kv_heads, block_size), own)
+    k_table, v_table = tables.get(
+        layer, (num_blocks, num_kv_heads, block_size), own, aliased
+    )
     return AsmLayerBinding(
         kv_cache=kv_cache,
         key_cache=key_cache.view(impl.fp8_dtype),
@@ -560,10 +568,13 @@ def decide_layers(
     ``impl.asm_rejections``.
 
     Each layer is checked against the rule and the guards. The tables of those that
-    pass are aliased where the device offers GPU virtual memory; else they are
-    allocated, budgeted in layer order against one memory reading of their device
+    pass are aliased where the device offers GPU virtual memory (probed once with a
+    table of the first layer's shape), up to the process's mapping bound. The others
+    are allocated, budgeted in layer order against one memory reading of their device
     (:func:`~.scale_tables.table_memory`, with ``memory_fraction`` vLLM's
-    ``gpu_memory_utilization``), and the layers whose tables do not fit keep HIP.
+    ``gpu_memory_utilization``), and the layers whose tables do not fit keep HIP; so do
+    those whose aliased tables the driver refused (nothing budgeted an allocation for
+    them).
     """
     candidates = []
     old_aiter_kept_hip = False
@@ -591,57 +602,92 @@ def decide_layers(
         return bindings
     device = candidates[0][1].device
     keys = [scale_table_keys(layer.impl, layer, kv) for layer, kv in candidates]
-    aliased = aliasing_available(device)
-    budget = fit_tables(
-        keys, None if aliased else table_memory(device, memory_fraction)
-    )
-    kv_bytes = sum(
-        {kv.data_ptr(): kv.numel() * kv.element_size() for _, kv in entries}.values()
-    )
     query_dtype = cast(torch.dtype, model_config.dtype)
-    # Strict: aliased tables were not budgeted, so none may fall back to an allocation.
-    tables = bindings.tables = AsmScaleTables(device, aliased, strict=True)
-    for (layer, kv_cache), fits in zip(candidates, budget.fits, strict=True):
+    # Strict: an aliased table the driver refuses is not allocated in its place.
+    tables = bindings.tables = AsmScaleTables(device, strict=True)
+    aliased = tables.probe(keys[0][0][1:4])
+    allocated = []  # candidates whose tables are allocated: budgeted below
+    bound = None  # the mapping bound, once a table passed it
+    for i, (layer, kv_cache) in enumerate(candidates):
+        if not aliased:
+            allocated.append(i)
+            continue
+        try:
+            bindings.layers[layer.layer_name] = make_binding(
+                layer.impl, layer, kv_cache, query_dtype, tables
+            )
+        except MappingLimitError as exc:
+            allocated.append(i)
+            bound = exc.bound
+        except RuntimeError as exc:  # an aliased table the driver refused
+            layer.impl.asm_rejections = [f"scale tables could not be mapped ({exc})"]
+    budget = fit_tables(
+        [keys[i] for i in allocated],
+        table_memory(device, memory_fraction) if allocated else None,
+    )
+    for i, fits in zip(allocated, budget.fits, strict=True):
+        layer, kv_cache = candidates[i]
         if fits:
-            try:
-                bindings.layers[layer.layer_name] = make_binding(
-                    layer.impl, layer, kv_cache, query_dtype, tables
-                )
-            except RuntimeError as exc:  # an aliased table the driver refused
-                layer.impl.asm_rejections = [
-                    f"scale tables could not be mapped ({exc})"
-                ]
+            bindings.layers[layer.layer_name] = make_binding(
+                layer.impl, layer, kv_cache, query_dtype, tables, aliased=False
+            )
             continue
         layer.impl.asm_rejections = [
             "scale tables that do not fit in the device memory vLLM does not "
             f"count on ({mib(budget.free or 0)} on {device}, {mib(budget.margin)} "
             "kept spare)"
         ]
+    logger.info(
+        "ROCM_ATTN asm decode: %d scale table(s) for %d layer(s) (%d with tables of "
+        "their own, refilled in place on a weight reload), %s",
+        sum(t.aliased for t in tables.tables()) + budget.tables,
+        len(candidates),
+        len(tables.owners),
+        _describe_tables(tables, candidates, entries, budget, len(allocated), bound),
+    )
+    return bindings
+
+
+def _describe_tables(
+    tables: AsmScaleTables,
+    candidates: list[tuple[Any, torch.Tensor]],
+    entries: list[tuple[Any, torch.Tensor]],
+    budget: TableBudget,
+    num_allocated: int,
+    bound: int | None,
+) -> str:
+    """The scale tables' part of the start-up line: how they are made, what they take
+    and, where some are allocated, why."""
     made = tables.tables()
-    share = f"{100 * budget.bytes / max(kv_bytes, 1):.3f} % of their KV cache"
-    if aliased:
-        kind = (
-            f"aliased, {mib(sum(t.nbytes for t in made))} of device memory "
-            f"({sum(t.mappings for t in made)} mappings, made in "
-            f"{1e3 * tables.seconds:.1f} ms) where allocated tables would take "
-            f"{mib(budget.bytes)}, {share}"
-        )
-    else:
+    aliased = [t for t in made if t.aliased]
+    aliased_full = sum(t.tensor.numel() * 4 for t in aliased)
+    full = aliased_full + budget.bytes
+    kv_bytes = sum(
+        {kv.data_ptr(): kv.numel() * kv.element_size() for _, kv in entries}.values()
+    )
+    share = f"{100 * full / max(kv_bytes, 1):.3f} % of their KV cache"
+    if not made and not num_allocated:
+        return "none made: the driver refused every aliased table"
+    if not aliased:
         fitting = sum(budget.fits)
-        kind = f"allocated, {mib(budget.bytes)}, {share}" + (
+        return f"allocated ({tables.problem}), {mib(budget.bytes)}, {share}" + (
             ""
             if fitting == len(candidates)
             else f"; {mib(budget.new_bytes)} of them fit for {fitting} layer(s)"
         )
-    logger.info(
-        "ROCM_ATTN asm decode: %d scale table(s) for %d layer(s) (%d with tables of "
-        "their own, refilled in place on a weight reload), %s",
-        budget.tables,
-        len(candidates),
-        len(tables.owners),
-        kind,
+    text = (
+        f"aliased, {mib(sum(t.nbytes for t in aliased))} of device memory "
+        f"({sum(t.mappings for t in aliased)} mappings, each table read back, made in "
+        f"{1e3 * tables.seconds:.1f} ms) where allocated tables would take "
+        f"{mib(aliased_full)}, {share}"
     )
-    return bindings
+    if num_allocated:
+        text += (
+            f"; {len(made) - len(aliased)} allocated ({mib(budget.new_bytes)}) for "
+            f"{sum(budget.fits)} of {num_allocated} layer(s) past the bound of "
+            f"{bound} mappings"
+        )
+    return text
 
 
 class RocmAsmDecodeBackend(RocmAttentionBackend):

@@ -198,7 +198,8 @@ def test_allocated_tables_that_do_not_fit_keep_hip_never_oom(
     line = [m for m in plugin_log if "scale table(s)" in m]
     assert line == [
         "ROCM_ATTN asm decode: 8 scale table(s) for 4 layer(s) (2 with tables of their own, "
-        f"refilled in place on a weight reload), allocated, {8 * one / 1024**2:.1f} MiB, "
+        "refilled in place on a weight reload), allocated (no GPU virtual memory for cpu "
+        f"tensors), {8 * one / 1024**2:.1f} MiB, "
         f"{100 * 8 * one / kv:.3f} % of their KV cache; {4 * one / 1024**2:.1f} MiB of them "
         "fit for 2 layer(s)"
     ]
@@ -263,30 +264,79 @@ def test_a_device_without_a_memory_figure_skips_the_budget(tmp_path, kernels):
     assert all(bound(model))
 
 
-def test_aliased_tables_need_no_budget_and_say_so(tmp_path, kernels, plugin_log, monkeypatch):
-    """Where the device offers virtual memory (GPU only: stood in for here), per-layer
-    tables cost a chunk each and are not budgeted; the log says aliased, and what
-    allocated ones would have taken."""
-    from vllm_rocm_asm_decode import asm_scale_tables, backend
-
-    chunk = 2 * 1024**2
-
-    def fake_alias(device, shape, scale, aliased=True, fallback=True):
-        table = torch.full(shape, scale, dtype=torch.float32)
-        return asm_scale_tables.AsmScaleTable(table, table, True, chunk, 3, scale)
-
-    monkeypatch.setattr(backend, "aliasing_available", lambda device: True)
-    monkeypatch.setattr(asm_scale_tables, "make_table", fake_alias)
+def test_aliased_tables_need_no_budget_and_say_so(
+    tmp_path, kernels, plugin_log, monkeypatch, hip_vm
+):
+    """On GPU virtual memory (ROCm's hipMem* calls on the HIP stand-in), per-layer tables
+    cost a chunk each, are read back, and are not budgeted; the log says aliased, and
+    what allocated ones would have taken."""
     monkeypatch.setattr(
         torch.accelerator, "get_memory_info", lambda device=None: pytest.fail("budgeted")
     )
+    chunk = 2 * 1024**2  # a power of two of at least 2 MiB, whatever the 4 KiB granule
     model = calibrated(tmp_path)
     model.builder.build(0, harness.make_batch(model, [40] * 20).common)
     assert all(bound(model))
     (line,) = [m for m in plugin_log if "scale table(s)" in m]
     assert "8 scale table(s) for 4 layer(s) (4 with tables of their own" in line
-    assert f"aliased, {8 * chunk / 1024**2:.1f} MiB of device memory (24 mappings" in line
+    assert f"aliased, {8 * chunk / 1024**2:.1f} MiB of device memory (8 mappings" in line
     assert f"where allocated tables would take {8 * table_bytes(model) / 1024**2:.1f} MiB" in line
+    assert hip_vm.live_mappings() == 8 and hip_vm.physical_bytes() == 8 * chunk
+    first = model.builder.binding(model.names[0])
+    assert torch.all(first.k_scale_table == model.layers[model.names[0]]._k_scale_float)
+
+
+def test_tables_past_the_mapping_bound_are_allocated_within_the_budget(
+    tmp_path, kernels, plugin_log, monkeypatch, hip_vm, device_memory
+):
+    """The process's tables hold at most the mapping bound (ROCm makes a CPU mapping for
+    every hipMemMap): past it, tables are allocated, budgeted as ever."""
+    from vllm_rocm_asm_decode import asm_scale_tables
+
+    answer, queries = device_memory
+    monkeypatch.setattr(asm_scale_tables, "mapping_bound", lambda: 5)  # the probe's + 2 layers'
+    model = calibrated(tmp_path)
+    answer["free"] = scale_tables.MEMORY_MARGIN + 3 * table_bytes(model)  # one more layer's
+    util = model.vllm_config.cache_config.gpu_memory_utilization
+    answer["reserved"] = int(util * answer["total"])
+    model.builder.build(0, harness.make_batch(model, [40] * 20).common)
+    assert bound(model) == [True, True, True, False]
+    assert hip_vm.live_mappings() == 4 <= asm_scale_tables.mapping_bound()
+    kinds = [model.builder.binding(name).k_scale_table for name in model.names[:3]]
+    assert [t.data_ptr() == hip_vm_ptr(t) for t in kinds] == [True, True, False]
+    (line,) = [m for m in plugin_log if "scale table(s)" in m]
+    assert "2 allocated (0.1 MiB) for 1 of 2 layer(s) past the bound of 5 mappings" in line
+    assert len(queries) == 1
+
+
+def hip_vm_ptr(table: torch.Tensor) -> int:
+    """The address of a table if it lies in host memory the HIP stand-in maps (its
+    reservations are 2 MiB aligned), else -1."""
+    ptr = table.data_ptr()
+    return ptr if ptr % (2 * 1024**2) == 0 else -1
+
+
+def test_a_map_that_maps_nothing_is_caught_and_the_tables_are_allocated(
+    tmp_path, kernels, plugin_log, hip_vm, monkeypatch
+):
+    """An older ROCm runtime reports hipMemMap done when the mapping failed underneath:
+    the probe's read-back sees it, and the tables are allocated (budgeted) instead.
+    (4 KiB chunks here, so that these small tables span several.)"""
+    from vllm_rocm_asm_decode import asm_scale_tables
+
+    monkeypatch.setattr(asm_scale_tables, "MIN_CHUNK", 4096)
+    hip_vm.configure(clr=2024, silent_map=True)
+    model = calibrated(tmp_path)
+    batch = harness.make_batch(model, [40] * 20)
+    harness.fill_context(model, batch)
+    metadata = model.builder.build(0, batch.common)
+    assert metadata.use_asm_decode and all(bound(model))
+    (line,) = [m for m in plugin_log if "scale table(s)" in m]
+    assert "allocated (an aliased table of" in line and "read back wrong" in line
+    assert hip_vm.live_mappings() == 0 and hip_vm.reservations() == 0
+    out = harness.run_layer(model, model.names[1], batch, metadata)
+    ref = harness.reference(model, batch, model.layers[model.names[1]])
+    torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=0)
 
 
 # --------------------------------------------------------------------------------------
@@ -364,26 +414,25 @@ def test_fp16_queries_wait_for_proof(tmp_path, kernels, plugin_log, aiter_versio
 
 
 def test_an_aliased_table_the_driver_refuses_keeps_its_layer_on_hip(
-    tmp_path, kernels, plugin_log, monkeypatch
+    tmp_path, kernels, plugin_log, monkeypatch, hip_vm
 ):
-    """Aliased tables are not budgeted: one the driver refuses is never allocated in
-    its place; its layer keeps HIP with the reason, the others bind."""
-    from vllm_rocm_asm_decode import asm_scale_tables, backend
+    """Aliased tables are not budgeted: one that reads back wrong (the driver reported a
+    mapping it did not make, after the probe passed) is never allocated in its place;
+    its layer keeps HIP with the reason, the others bind."""
+    from vllm_rocm_asm_decode import asm_scale_tables
 
-    made = []
+    monkeypatch.setattr(asm_scale_tables, "MIN_CHUNK", 4096)  # tables of several chunks
+    real, made = asm_scale_tables._aliased_table, []
 
-    def flaky_alias(device, shape, scale, aliased=True, fallback=True):
-        assert aliased and not fallback  # strict: no silent allocation
-        made.append(scale)
-        if len(made) == 3:  # the second layer's K table
-            raise RuntimeError("hipMemMap failed with error 2")
-        table = torch.full(shape, scale, dtype=torch.float32)
-        return asm_scale_tables.AsmScaleTable(table, table, True, 2 * 1024**2, 3, scale)
+    def flaky(vm, device, shape, scale):
+        made.append(scale)  # the probe's, then each layer's K and V
+        hip_vm.configure(clr=2024, silent_map=len(made) == 4)  # the second layer's K
+        return real(vm, device, shape, scale)
 
-    monkeypatch.setattr(backend, "aliasing_available", lambda device: True)
-    monkeypatch.setattr(asm_scale_tables, "make_table", flaky_alias)
+    monkeypatch.setattr(asm_scale_tables, "_aliased_table", flaky)
     model = calibrated(tmp_path)
     model.builder.build(0, harness.make_batch(model, [40] * 20).common)
     assert bound(model) == [True, False, True, True]
-    second = model.layers[model.names[1]].impl.asm_rejections
-    assert second == ["scale tables could not be mapped (hipMemMap failed with error 2)"]
+    (second,) = model.layers[model.names[1]].impl.asm_rejections
+    assert second.startswith("scale tables could not be mapped (an aliased table of")
+    assert "read back wrong" in second

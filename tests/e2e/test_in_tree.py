@@ -162,12 +162,11 @@ def test_backends_built_on_rocm_attns_classes_keep_their_decode(tmp_path, kernel
 
 @pytest.mark.skipif(not harness.IN_TREE or (harness.STAGE or 0) < 3, reason="in-tree from stage 3")
 @pytest.mark.parametrize("aliased", [True, False], ids=["aliased", "allocated"])
-def test_rocm_aiter_fa_makes_its_tables_the_same_way(tmp_path, monkeypatch, aliased):
+def test_rocm_aiter_fa_makes_its_tables_the_same_way(tmp_path, monkeypatch, request, aliased):
     """Stage 3: ROCM_AITER_FA's tables come from the same helper. Aliased (GPU virtual
-    memory, stood in for by plain tables marked aliased), a layer with checkpoint scales
-    owns its tables, which a weight reload refills in place; allocated, tables stay
-    shared by value as they were."""
-    import dataclasses
+    memory: the module's hipMem* path on the HIP stand-in), a layer with checkpoint
+    scales owns its tables, which a weight reload refills in place; allocated, tables
+    stay shared by value as they were."""
     from types import SimpleNamespace
 
     from vllm._aiter_ops import rocm_aiter_ops
@@ -175,13 +174,7 @@ def test_rocm_aiter_fa_makes_its_tables_the_same_way(tmp_path, monkeypatch, alia
 
     assert not hasattr(rocm_aiter_fa, "AsmKvScaleTables")
     if aliased:
-        real = asm_scale_tables.make_table
-
-        def as_aliased(device, shape, scale, aliased=True, fallback=True):
-            return dataclasses.replace(real(device, shape, scale, aliased=False), aliased=True)
-
-        monkeypatch.setattr(asm_scale_tables, "aliasing_available", lambda device: True)
-        monkeypatch.setattr(asm_scale_tables, "make_table", as_aliased)
+        request.getfixturevalue("hip_vm")
     monkeypatch.setattr(rocm_aiter_ops, "is_shuffle_kv_cache_enabled", lambda: True)
     model = harness.build_model(tmp_path, num_layers=3, scales=[(0.5, 0.5)] * 3)
     calibrated = model.layers[model.names[0]]

@@ -24,23 +24,12 @@ IN_TREE_OWNS_ONLY_ALIASED = harness.IN_TREE and (harness.STAGE or 0) >= 3
 
 
 @pytest.fixture(autouse=True)
-def aliased_stand_in(request, monkeypatch):
-    """In-tree from stage 3, on the CPU: plain tables marked aliased stand in for GPU
-    virtual memory, so that ownership and the refill run (the tests named
+def aliased_stand_in(request):
+    """In-tree from stage 3, on the CPU: the module's own hipMem* path on the HIP stand-in
+    aliases the tables, so that ownership and the refill run (the tests named
     ``..._allocated_...`` see the CPU as it is)."""
-    if not IN_TREE_OWNS_ONLY_ALIASED or "allocated" in request.node.name:
-        return
-    import dataclasses
-    import importlib
-
-    module = importlib.import_module("vllm.v1.attention.backends.asm_scale_tables")
-    real = module.make_table
-
-    def as_aliased(device, shape, scale, aliased=True, fallback=True):
-        return dataclasses.replace(real(device, shape, scale, aliased=False), aliased=True)
-
-    monkeypatch.setattr(module, "aliasing_available", lambda device: True)
-    monkeypatch.setattr(module, "make_table", as_aliased)
+    if IN_TREE_OWNS_ONLY_ALIASED and "allocated" not in request.node.name:
+        request.getfixturevalue("hip_vm")
 
 
 def bind(model):
