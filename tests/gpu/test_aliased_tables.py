@@ -13,7 +13,14 @@ import gc
 import pytest
 import torch
 
-from vllm_rocm_asm_decode.asm_scale_tables import make_table, make_tables, virtual_memory
+from vllm_rocm_asm_decode.asm_scale_tables import (
+    MIN_CHUNK,
+    aliasing_problem,
+    live_mappings,
+    make_table,
+    make_tables,
+    virtual_memory,
+)
 
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available() or virtual_memory() is None,
@@ -87,3 +94,27 @@ def test_the_plain_allocation_reads_and_refills_the_same():
     assert torch.all(table.tensor == 0.75)
     table.fill(1.5)
     assert torch.all(table.tensor == 1.5)
+
+
+def test_a_table_of_more_than_256_granules_reads_right():
+    """Past 256 chunks of 2 MiB (a 563 MB table) the chunk grows to the next power of
+    two, 4 MiB, so the table takes at most 256 mappings; every entry reads its scale,
+    and a refill reaches every entry."""
+    shape = (1_100_000, 8, 16)
+    nbytes = shape[0] * 8 * 16 * 4
+    assert nbytes > 256 * MIN_CHUNK
+    before = live_mappings()
+    table = make_table(DEVICE, shape, 0.8125)
+    assert table.aliased and table.nbytes == 2 * MIN_CHUNK
+    assert table.mappings == -(-nbytes // (2 * MIN_CHUNK)) <= 256
+    assert live_mappings() - before == table.mappings
+    assert torch.all(table.tensor == 0.8125)
+    table.fill(1.25)
+    assert torch.all(table.tensor == 1.25)
+    del table
+    gc.collect()
+    assert live_mappings() == before
+
+
+def test_the_probe_at_a_real_tables_shape_passes():
+    assert aliasing_problem(DEVICE, SHAPE) is None
