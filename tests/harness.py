@@ -132,6 +132,19 @@ def asm_backend() -> type:
     return RocmAsmDecodeBackend
 
 
+def build_untouched_model(tmp_path, **kw) -> Model:
+    """:func:`build_model` with vLLM's KV-cache allocation left unzeroed (``torch.zeros``
+    read as ``torch.empty`` for that call alone): a pool of several GiB, as large caches
+    need for the page-span guard, costs only the pages a test writes (fresh pages of a
+    large host allocation read zeros)."""
+    real = torch.zeros
+    torch.zeros = torch.empty  # vllm.v1.worker.utils.allocate_kv_cache's one call
+    try:
+        return build_model(tmp_path, **kw)
+    finally:
+        torch.zeros = real
+
+
 # --------------------------------------------------------------------------------------
 # Kernel stand-ins (vLLM's layout: K [nb, nkv, hd/x, bs, x], V [nb, nkv, hd, bs])
 

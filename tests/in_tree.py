@@ -34,6 +34,7 @@ PLUGIN_AND_TOOL_MODULES = (
     "test_selftest.py",
     "test_aiter_trust.py",
     "test_kernel_boundary.py",
+    "test_page_span.py",
 )
 
 

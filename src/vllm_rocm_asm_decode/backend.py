@@ -50,13 +50,19 @@ from vllm.v1.attention.backends.rocm_attn import (
 from vllm.v1.attention.ops import chunked_prefill_paged_decode as stock_ops
 from vllm.v1.kv_cache_interface import AttentionSpec
 
-from . import settings
+from . import page_span, settings
 from .asm_scale_tables import (
     AsmScaleTables,
     MappingLimitError,
     checkpoint_scales,
 )
-from .core import ASM_PRECISION, asm_decode, use_asm_decode
+from .core import (
+    ASM_PRECISION,
+    ASM_SKEW_HEAD_TOKENS,
+    ASM_SKEW_RATIO,
+    asm_decode,
+    use_asm_decode,
+)
 from .eligibility import (
     FP16_UNPROVEN,
     VALIDATED_CONTEXT,
@@ -96,6 +102,8 @@ class AsmDecodeSettings:
     cut: int | None = None
     #: Take the installed AITER as reading every KV block right whatever its version.
     trust_aiter: bool = False
+    #: ``VLLM_ROCM_ASM_DECODE_SKEW``: the skew clause's ratio; None for the core's.
+    skew: int | None = None
 
     @classmethod
     def from_env(cls) -> AsmDecodeSettings | None:
@@ -107,7 +115,11 @@ class AsmDecodeSettings:
         if reason is not None:
             logger.debug_once("ROCM_ATTN asm decode is off: %s", reason)
             return None
-        return cls(cut=settings.cut_override(), trust_aiter=settings.trust_aiter())
+        return cls(
+            cut=settings.cut_override(),
+            trust_aiter=settings.trust_aiter(),
+            skew=settings.skew_override(),
+        )
 
 
 @dataclass(frozen=True)
@@ -141,6 +153,8 @@ class AsmBindings:
     #: Set by ``forward`` when a layer's cache or scales changed since binding (and no
     #: refill followed them): the next ``build()`` decides every layer again.
     stale: bool = False
+    #: How the page-span guard admitted the bound layers (None: their cache is small).
+    span_note: str | None = None
 
     def follow_reload(self) -> list[str]:
         """Refill the tables of the layers whose scales a weight reload changed (in
@@ -334,10 +348,13 @@ class RocmAsmDecodeMetadataBuilder(RocmAttentionMetadataBuilder):
         self.asm_layers_bound = False
         self.asm_bindings = AsmBindings()
         self.asm_cut = 0
+        self.asm_skew = ASM_SKEW_RATIO
         #: Why mixed steps are not split (None: they are).
         self.asm_split_off: str | None = "the asm decode is off"
         if self.asm_settings is None:
             return
+        if self.asm_settings.skew is not None:
+            self.asm_skew = self.asm_settings.skew
         self.asm_split_off = asm_split_off(vllm_config)
         if self.asm_split_off is None and asm_split_reorders(
             kv_cache_spec, vllm_config.cache_config.cache_dtype
@@ -356,6 +373,11 @@ class RocmAsmDecodeMetadataBuilder(RocmAttentionMetadataBuilder):
         metadata = super().build_for_cudagraph_capture(common_attn_metadata)
         assert isinstance(metadata, RocmAsmDecodeMetadata)
         metadata.asm_split = None  # a graph would replay a dummy batch's split
+        # A graph replays its kernel for any lengths (vLLM's capture batch claims
+        # max_model_len): the cut alone decides.
+        metadata.use_asm_decode = bool(self.asm_bindings.layers) and use_asm_decode(
+            common_attn_metadata, self.num_heads_q, self.num_heads_kv, self.asm_cut, 0
+        )
         return metadata
 
     def build(
@@ -383,11 +405,20 @@ class RocmAsmDecodeMetadataBuilder(RocmAttentionMetadataBuilder):
         if not self.asm_bindings.layers:
             return metadata
         metadata.use_asm_decode = use_asm_decode(
-            common_attn_metadata, self.num_heads_q, self.asm_cut
+            common_attn_metadata,
+            self.num_heads_q,
+            self.num_heads_kv,
+            self.asm_cut,
+            self.asm_skew,
         )
         if metadata.max_query_len > 1:
             metadata.asm_split = split_asm_decode(
-                common_attn_metadata, self.vllm_config, self.num_heads_q, self.asm_cut
+                common_attn_metadata,
+                self.vllm_config,
+                self.num_heads_q,
+                self.num_heads_kv,
+                self.asm_cut,
+                self.asm_skew,
             )
         return metadata
 
@@ -481,17 +512,21 @@ class RocmAsmDecodeMetadataBuilder(RocmAttentionMetadataBuilder):
         )
         logger.info_once(
             "ROCM_ATTN asm decode: %d of %d layers eligible on %s (KV cache of %s "
-            "blocks); pure-decode steps above %d query heads (%s) run "
-            "aiter.pa_fwd_asm with high_precision=%d, the rest the HIP decode; %s",
+            "blocks%s); pure-decode steps above %d query heads (%s) run "
+            "aiter.pa_fwd_asm with high_precision=%d, the rest the HIP decode, as do "
+            "steps whose longest context x %d passes their head-tokens + %d; %s",
             bound,
             total,
             arch or "an unknown GPU architecture",
             "/".join(map(str, blocks)) or "no",
+            f"; {self.asm_bindings.span_note}" if self.asm_bindings.span_note else "",
             self.asm_cut,
             describe_cut(
                 compute_units, settings.CUT_ENV if settings_.cut is not None else None
             ),
             ASM_PRECISION,
+            self.asm_skew,
+            ASM_SKEW_HEAD_TOKENS,
             mixed,
         )
         compilation = self.vllm_config.compilation_config
@@ -637,6 +672,9 @@ def decide_layers(
             f"count on ({mib(budget.free or 0)} on {device}, {mib(budget.margin)} "
             "kept spare)"
         ]
+    _prove_page_span(bindings, candidates, kernel)
+    if not bindings.layers:
+        return AsmBindings()  # the tables go with the bindings that needed them
     logger.info(
         "ROCM_ATTN asm decode: %d scale table(s) for %d layer(s) (%d with tables of "
         "their own, refilled in place on a weight reload), %s",
@@ -646,6 +684,35 @@ def decide_layers(
         _describe_tables(tables, candidates, entries, budget, len(allocated), bound),
     )
     return bindings
+
+
+def _prove_page_span(
+    bindings: AsmBindings, candidates: list[tuple[Any, torch.Tensor]], kernel: AsmKernel
+) -> None:
+    """Keep on HIP the bound layers whose cache can hold pages too far apart for AITER's
+    rebase (:mod:`.page_span`) unless the probe on the first one's cache, or the trust
+    switch, says this GPU reads them right; note the outcome for the start-up line."""
+    reaching = [
+        (layer, binding)
+        for layer, _ in candidates
+        if (binding := bindings.layers.get(layer.layer_name)) is not None
+        and page_span.reaches(binding.key_cache)
+    ]
+    if not reaching:
+        return
+    layer, binding = reaching[0]
+    span = page_span.describe(binding.key_cache)
+    if kernel.aiter.trusted:
+        bindings.span_note = f"pages {span} apart trusted ({settings.TRUST_ENV}=1)"
+        return
+    problem = page_span.proven(binding, layer.impl.num_heads)
+    if problem is None:
+        bindings.span_note = f"pages {span} apart read right by the bind-time probe"
+        return
+    for layer, _ in reaching:
+        del bindings.layers[layer.layer_name]
+        layer.impl.asm_rejections = [problem]
+    logger.warning_once("ROCM_ATTN asm decode: %s", TRUST_HINT)
 
 
 def _describe_tables(

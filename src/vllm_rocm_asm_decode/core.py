@@ -37,6 +37,14 @@ ASM_PRECISION = 2
 ASM_MAX_MODEL_LEN = 128 * 1024  # the HIP decode's envelope
 # One workgroup per (KV head, sequence): the GPU is full from two query heads per CU.
 ASM_HEADS_PER_CU = 2
+# Each workgroup walks its sequence's whole context (AITER asm_pa.cu launches a grid of
+# (num_kv_heads, batch)), where the HIP decode splits contexts into 256-token
+# partitions, so one long sequence can make the asm step the slower one. Fitted to the
+# original MI355X kernel table (HIP about 6.9 us + 53 ps per head-token, that is context
+# token x KV head; an asm workgroup 5.9 us + 3.5 ns per token): asm is the slower
+# kernel once 67 x the longest context passes the head-tokens plus 19,500.
+ASM_SKEW_RATIO = 67
+ASM_SKEW_HEAD_TOKENS = 19_500
 # The per-slot K and V scale tables pa_fwd_asm reads, by layer.
 AsmScales = dict[torch.nn.Module, tuple[torch.Tensor, torch.Tensor]]
 
@@ -74,12 +82,41 @@ def asm_decode_rejections(
     return [reason for ok, reason in clauses if not ok]
 
 
-def use_asm_decode(common: CommonAttentionMetadata, num_heads: int, cut: int) -> bool:
-    """A pure-decode step (one query token per request) above the cut."""
+def use_asm_decode(
+    common: CommonAttentionMetadata,
+    num_heads: int,
+    num_kv_heads: int,
+    cut: int,
+    skew: int = ASM_SKEW_RATIO,
+) -> bool:
+    """A pure-decode step (one query token per request) above the cut, whose longest
+    sequence does not make pa_fwd_asm the slower kernel (``skew`` 0: not asked)."""
     pure_decode = (
         common.max_query_len == 1 and common.num_reqs == common.num_actual_tokens
     )
-    return pure_decode and common.num_actual_tokens * num_heads > cut
+    if not pure_decode or common.num_actual_tokens * num_heads <= cut:
+        return False
+    return not asm_decode_skewed(common, common.num_reqs, num_kv_heads, skew)
+
+
+def asm_decode_skewed(
+    common: CommonAttentionMetadata,
+    num_reqs: int,
+    num_kv_heads: int,
+    skew: int = ASM_SKEW_RATIO,
+) -> bool:
+    """Whether the longest of the first ``num_reqs`` requests' contexts, times ``skew``,
+    passes their head-tokens plus ``ASM_SKEW_HEAD_TOKENS``. Host integers only: vLLM's
+    upper bounds of the lengths, else the requests taken as all of ``max_seq_len``."""
+    if skew <= 0:
+        return False
+    lens = common.seq_lens_cpu_upper_bound
+    if lens is None:
+        longest, total = common.max_seq_len, common.max_seq_len * num_reqs
+    else:
+        host = lens.numpy()[:num_reqs]
+        longest, total = int(host.max()), int(host.sum())
+    return longest * skew > total * num_kv_heads + ASM_SKEW_HEAD_TOKENS
 
 
 def asm_decode(

@@ -6,6 +6,11 @@
                               nothing else.
 ``VLLM_ROCM_ASM_DECODE_CUT``  Query heads per step above which a pure-decode batch runs
                               the asm kernel. Default: ``2 x compute units`` of the GPU.
+``VLLM_ROCM_ASM_DECODE_SKEW``  The skew clause's ratio: a step whose longest context
+                              times it passes the batch's head-tokens (contexts x KV
+                              heads) keeps the HIP decode. Default: the core's 67,
+                              fitted to MI355X; ``bench kernel --skew`` measures it on
+                              a GPU. 0 turns the clause off.
 ``VLLM_ROCM_ASM_DECODE_TRUST_AITER``
                               0 (default) / 1: this AITER build passed ``doctor``'s
                               self-test on this GPU: take it as reading every KV block
@@ -28,6 +33,7 @@ import os
 ENTRY_POINT = "rocm_asm_decode"
 SWITCH_ENV = "VLLM_ROCM_ASM_DECODE"
 CUT_ENV = "VLLM_ROCM_ASM_DECODE_CUT"
+SKEW_ENV = "VLLM_ROCM_ASM_DECODE_SKEW"
 TRUST_ENV = "VLLM_ROCM_ASM_DECODE_TRUST_AITER"
 
 _TRUE = ("1", "true")
@@ -69,7 +75,7 @@ def trust_aiter() -> bool:
 def problems() -> list[str]:
     """Every setting that does not parse, as its error message."""
     found = []
-    for parse in (asm_decode_switch, cut_override, trust_aiter):
+    for parse in (asm_decode_switch, cut_override, skew_override, trust_aiter):
         try:
             parse()
         except SettingError as exc:
@@ -100,6 +106,20 @@ def cut_override() -> int | None:
             "2 x compute units"
         )
     return value
+
+
+def skew_override() -> int | None:
+    """``VLLM_ROCM_ASM_DECODE_SKEW`` as a whole number >= 0, or None when unset."""
+    raw = os.environ.get(SKEW_ENV)
+    if raw is None:
+        return None
+    if raw.isascii() and raw.isdigit() and len(raw) <= 6:
+        return int(raw)
+    shown = raw if len(raw) <= 40 else raw[:40] + "..."
+    raise SettingError(
+        f"{SKEW_ENV}={shown!r} is not a whole number (at most 6 ASCII digits, e.g. 67; "
+        "0 turns the skew clause off); unset it for the default"
+    )
 
 
 def plugins_allow_list() -> list[str] | None:

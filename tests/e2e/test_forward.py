@@ -99,6 +99,43 @@ def test_below_the_default_cut_stays_on_hip(tmp_path, kernels, num_seqs):
     assert harness.asm_calls() == [] and kernels.hip_decode == 1
 
 
+def skew_model(tmp_path):
+    """GQA 8 over one KV head (4 KiB pages): room for a 32K request among 127 of 1K."""
+    return harness.build_model(
+        tmp_path, num_layers=1, num_heads=8, num_kv_heads=1, num_blocks=10_300
+    )
+
+
+def test_one_long_sequence_keeps_the_step_on_hip_and_a_uniform_one_runs_asm(tmp_path, kernels):
+    """One workgroup walks each sequence: one 32K request among 127 of 1K takes the asm
+    kernel about 1.6x the HIP decode's time (the time model fitted to MI355X), so the
+    step keeps HIP; 128 of 1K run asm; a capture build decides on the cut alone (a graph
+    replays its kernel whatever the lengths, and vLLM's capture batch claims
+    max_model_len)."""
+    model = skew_model(tmp_path)
+    skewed = harness.make_batch(model, [32768] + [1024] * 127, contexts=False)
+    uniform = harness.make_batch(model, [1024] * 128, contexts=False)
+    assert model.builder.build(0, uniform.common).use_asm_decode
+    metadata = model.builder.build(0, skewed.common)
+    assert not metadata.use_asm_decode
+    harness.run_layer(model, model.names[0], skewed, metadata)
+    assert harness.asm_calls() == [] and kernels.hip_decode == 1
+    captured = dataclasses.replace(skewed.common, max_seq_len=40960)
+    assert model.builder.build_for_cudagraph_capture(captured).use_asm_decode
+
+
+@harness.plugin_only
+def test_the_skew_clause_follows_its_setting(tmp_path, kernels, monkeypatch):
+    """VLLM_ROCM_ASM_DECODE_SKEW=0 turns the clause off; a ratio measured by bench
+    kernel --skew moves it (here: low enough to let the 32K request through)."""
+    skewed = [32768] + [1024] * 127  # (162,816 + 19,500) / 32,768 = 5.56 head-tokens a token
+    for value, asm in (("0", True), ("5", True), ("6", False)):
+        monkeypatch.setenv("VLLM_ROCM_ASM_DECODE_SKEW", value)
+        model = skew_model(tmp_path / value)
+        batch = harness.make_batch(model, skewed, contexts=False)
+        assert model.builder.build(0, batch.common).use_asm_decode is asm, value
+
+
 def test_mixed_prefill_and_decode_stays_on_hip(tmp_path, kernels):
     model = harness.build_model(tmp_path, num_layers=1)
     seq_lens = [100, 37, 16, 1, 200] * 4
@@ -300,6 +337,8 @@ def test_under_full_cudagraph_mode_no_captured_graph_holds_asm(tmp_path, kernels
     for n in sizes:
         if uniform:
             common = harness.make_batch(model, [16] * n, contexts=False).common
+            # vLLM's capture batch claims the longest context a replay may meet.
+            common = dataclasses.replace(common, max_seq_len=40960)
         else:
             common = full_capture_batch(model, n)
         decided[n] = model.builder.build_for_cudagraph_capture(common).use_asm_decode

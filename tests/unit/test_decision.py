@@ -22,8 +22,12 @@ from vllm_rocm_asm_decode.core import asm_decode, asm_decode_rejections, use_asm
 from vllm_rocm_asm_decode.eligibility import FP16_UNPROVEN, call_uses_asm, rejection_reasons
 from vllm_rocm_asm_decode.kernel_table import fallback_table, load_table
 from vllm_rocm_asm_decode.mixed import leading_decodes, split_asm_decode
+from vllm_rocm_asm_decode.tools.contract_model import original_time_model
 
 HSA = Path(__file__).resolve().parents[1] / "standins" / "kernels" / "aiter" / "hsa"
+#: The skew clause of the time model fitted to the original kernel table (the SPEC's).
+FITTED_SKEW = round(original_time_model().skew_ratio)
+FITTED_SLACK = round(original_time_model().skew_head_tokens, -2)
 TABLES = {arch: load_table(HSA, arch)[0] for arch in ("gfx942", "gfx950")}
 TABLES["gfx1250"] = fallback_table("gfx1250")
 TABLES[""] = fallback_table("")  # neither vLLM nor torch named the arch
@@ -161,18 +165,39 @@ def oracle_layer_ok(f: Layer, arch: str, aiter: AiterBuild) -> bool:
     cut=st.sampled_from([512, 608, 1000]),
     output_quant=st.booleans(),
     call_query_fp8=st.booleans(),
+    long=st.integers(1, 131072),
+    short=st.integers(1, 4096),
+    host_lengths=st.booleans(),
 )
 def test_asm_iff_every_condition_holds(
-    layer, arch, aiter, max_query_len, num_tokens, padding_reqs, cut, output_quant, call_query_fp8
+    layer,
+    arch,
+    aiter,
+    max_query_len,
+    num_tokens,
+    padding_reqs,
+    cut,
+    output_quant,
+    call_query_fp8,
+    long,
+    short,
+    host_lengths,
 ):
     assume(layer.num_heads % layer.num_kv_heads == 0)  # vLLM serves no other model
     num_reqs = num_tokens + padding_reqs if max_query_len == 1 else max(1, num_tokens // 2)
     layer_ok = not layer.reasons(arch, aiter)
+    contexts = [long] + [short] * (num_reqs - 1)
     step = SimpleNamespace(
-        max_query_len=max_query_len, num_reqs=num_reqs, num_actual_tokens=num_tokens
+        max_query_len=max_query_len,
+        num_reqs=num_reqs,
+        num_actual_tokens=num_tokens,
+        max_seq_len=max(contexts),
+        seq_lens_cpu_upper_bound=torch.tensor(contexts) if host_lengths else None,
     )
+    # Without host lengths the batch counts as uniform at its longest.
+    work = sum(contexts) if host_lengths else max(contexts) * num_reqs
     chosen = call_uses_asm(
-        step_asm=use_asm_decode(step, layer.num_heads, cut),
+        step_asm=use_asm_decode(step, layer.num_heads, layer.num_kv_heads, cut),
         layer_eligible=layer_ok,
         output_quant_requested=output_quant,
         tensors_ok=not call_query_fp8,
@@ -182,6 +207,8 @@ def test_asm_iff_every_condition_holds(
         and max_query_len == 1
         and num_reqs == num_tokens
         and num_tokens * layer.num_heads > cut
+        # The SPEC's time model: one workgroup walks the longest context.
+        and max(contexts) * FITTED_SKEW <= work * layer.num_kv_heads + FITTED_SLACK
         and not output_quant
         and not call_query_fp8
     )
@@ -227,9 +254,13 @@ def test_llama_and_qwen3_scales_pass_but_gemma_and_a_near_miss_do_not():
 def test_step_cut_is_strictly_above():
     def step(num_tokens, num_reqs, max_query_len=1):
         common = SimpleNamespace(
-            max_query_len=max_query_len, num_reqs=num_reqs, num_actual_tokens=num_tokens
+            max_query_len=max_query_len,
+            num_reqs=num_reqs,
+            num_actual_tokens=num_tokens,
+            max_seq_len=1024,
+            seq_lens_cpu_upper_bound=torch.full((num_reqs,), 1024),
         )
-        return use_asm_decode(common, 32, 512)
+        return use_asm_decode(common, 32, 8, 512)
 
     assert not step(16, 16)  # 512 is not above 512
     assert step(17, 17)
@@ -381,6 +412,8 @@ def mixed_step(query_lens: list[int]) -> SimpleNamespace:
         query_start_loc_cpu=starts,
         query_start_loc=starts.clone(),
         seq_lens=torch.arange(n, dtype=torch.int32) + 50,
+        seq_lens_cpu_upper_bound=torch.arange(n, dtype=torch.int32) + 50,
+        max_seq_len=n + 49,
         block_table_tensor=torch.zeros(n, 8, dtype=torch.int32),
     )
 
@@ -397,7 +430,7 @@ def test_mixed_split_iff_every_condition_holds(
 ):
     query_lens = [1] * num_decodes + prefills + ([1] if trailing_decode and prefills else [])
     assume(query_lens)
-    split = split_asm_decode(mixed_step(query_lens), SPLITTABLE, num_heads, cut)
+    split = split_asm_decode(mixed_step(query_lens), SPLITTABLE, num_heads, 8, cut)
     expected = (
         bool(prefills)  # a prefill row in the step
         and not trailing_decode  # every decode leads

@@ -367,11 +367,19 @@ def _add_bench_kernel(bench) -> None:
         help="asm precision: uhp = high_precision=2 as shipped (default); "
         "default = AITER's default, to compare with the seed's timings",
     )
-    p.add_argument(
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument(
         "--sweep",
         action="store_true",
         help="walk batch sizes from 1 at the first layout and context and report "
         "the crossover and the VLLM_ROCM_ASM_DECODE_CUT it suggests",
+    )
+    mode.add_argument(
+        "--skew",
+        action="store_true",
+        help="one long sequence (2K to 128K tokens) among --seqs short ones (default 127 "
+        "of --contexts' first value, default 1024): where asm turns slower, and the "
+        "VLLM_ROCM_ASM_DECODE_SKEW that suggests",
     )
     p.add_argument(
         "--iters",

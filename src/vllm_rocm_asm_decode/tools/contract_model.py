@@ -23,6 +23,17 @@ The asm kernel's binary is not readable, so this model encodes what is known of 
   not computed and their output rows are left as they were.
 * ``block_id_mask`` models AITER before 0.1.17, whose kernels read block id ``b`` as
   ``b & 0xFFFF`` (pass ``0xFFFF``); the default models the fixed kernels.
+* ``span_limit`` models the fixed kernels' own limit (AITER commit b847e4d8, "min-based
+  anchor rebase", its message: pages of one wave may lie in different 65536-block
+  windows "as long as max_page_id - min_page_id < 65536"): each wave's page addresses are
+  a 32-bit byte offset from the wave's lowest page, so a page whose offset reaches
+  ``span_limit`` (2**31) is read at the offset wrapped to a signed 32-bit value. Which
+  pages share a wave is not in any source: the model takes ``wave_pages`` consecutive
+  pages of a sequence. Whether the real kernels misread so is unknown (AITER's test reads
+  one page per sequence); the stand-in AITER misreads by default, never kinder.
+* :func:`launch_shape` is AITER's launch (``csrc/py_itfs_cu/asm_pa.cu``: grid ``(kv
+  heads, batch, 1)``, 256 threads), and :class:`KernelTimeModel` its time, fitted to the
+  original change's kernel table (:func:`fit_time_model`).
 
 Numerics are fp32 math on dequantized values rounded once to the query dtype: the model
 checks layout and semantics, not the kernel's precision modes.
@@ -31,10 +42,17 @@ checks layout and semantics, not the kernel's precision modes.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
 from ..kernel_table import KernelTable, dtype_name
+
+#: Where a wave's 32-bit page offset wraps (the fixed kernels' span limit).
+SPAN_LIMIT = 2**31
+#: Consecutive pages of a sequence the model takes as one wave's.
+WAVE_PAGES = 4
 
 
 class LauncherError(RuntimeError):
@@ -54,9 +72,17 @@ def _dense(t: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
 class PagedAttentionAsmModel:
     """Callable with ``aiter.pa_fwd_asm``'s signature; see the module docstring."""
 
-    def __init__(self, table: KernelTable, block_id_mask: int | None = None) -> None:
+    def __init__(
+        self,
+        table: KernelTable,
+        block_id_mask: int | None = None,
+        span_limit: int | None = None,
+        wave_pages: int = WAVE_PAGES,
+    ) -> None:
         self.table = table
         self.block_id_mask = block_id_mask
+        self.span_limit = span_limit
+        self.wave_pages = wave_pages
 
     def __call__(
         self,
@@ -88,6 +114,7 @@ class PagedAttentionAsmModel:
             output,
             fp8=row.kv_type == "fp8",
             block_id_mask=self.block_id_mask,
+            span=(self.span_limit, self.wave_pages),
         )
         return output
 
@@ -150,6 +177,7 @@ class PagedAttentionAsmModel:
         out: torch.Tensor,
         fp8: bool,
         block_id_mask: int | None = None,
+        span: tuple[int | None, int] = (None, WAVE_PAGES),
     ) -> None:
         batch = context_lens.size(0)
         num_heads, head_size = Q.size(1), Q.size(2)
@@ -182,6 +210,9 @@ class PagedAttentionAsmModel:
             pages = bt_rows[i, :n_pages].long()
             if block_id_mask is not None:
                 pages = pages & block_id_mask
+            if span[0] is not None:
+                pages = _rebased(pages, span[0], span[1], K.stride(0) * K.element_size())
+                pages = pages % num_blocks  # a wrapped offset reads some other page
             # K: [pages, kvh, hd/x, bs, x] -> [kvh, tokens, hd]
             k = k_pages[pages].float().permute(1, 0, 3, 2, 4)
             k = k.reshape(num_kv_heads, n_pages * block_size, head_size)
@@ -198,3 +229,112 @@ class PagedAttentionAsmModel:
             o_rows[i] = (
                 torch.einsum("hgt,htd->hgd", probs, v).reshape(num_heads, head_size).to(out.dtype)
             )
+
+
+def _rebased(pages: torch.Tensor, limit: int, wave: int, page_bytes: int) -> torch.Tensor:
+    """The pages a kernel reads that addresses each group of ``wave`` pages as a 32-bit
+    byte offset from the group's lowest page: an offset from ``limit`` on wraps to a
+    signed 32-bit value (``page_bytes``: the dense page stride)."""
+    if (int(pages.max()) - int(pages.min())) * page_bytes < limit:
+        return pages  # no two pages of the sequence that far apart
+    read = pages.clone()
+    for start in range(0, len(pages), wave):
+        group = pages[start : start + wave]
+        anchor = int(group.min())
+        for i, page in enumerate(group.tolist()):
+            offset = (page - anchor) * page_bytes
+            if offset >= limit:
+                wrapped = (offset + 2**31) % 2**32 - 2**31
+                read[start + i] = anchor + wrapped // page_bytes
+    return read
+
+
+# --------------------------------------------------------------------------------------
+# Launch shape and time
+
+#: Threads of one workgroup (4 waves of 64), as AITER's launcher starts them.
+WORKGROUP_THREADS = 256
+
+
+def launch_shape(num_kv_heads: int, batch: int) -> tuple[tuple[int, int, int], int]:
+    """AITER's launch of ``pa_fwd_asm`` (``csrc/py_itfs_cu/asm_pa.cu``, ROCm/aiter
+    e4048607): grid ``(num_kv_heads, batch, 1)`` of 256-thread workgroups; each walks its
+    sequence's whole context (no split of the context, no reduce)."""
+    return (num_kv_heads, batch, 1), WORKGROUP_THREADS
+
+
+@dataclass(frozen=True)
+class KernelTimeModel:
+    """Microseconds per ``impl.forward`` call of each decode, from host integers.
+
+    asm: ``max(wg0 + wg_token x longest context, asm_head_token x head-tokens)``: one
+    workgroup walks each (KV head, sequence), so the longest sequence bounds the step,
+    and the whole batch is bound by bandwidth. HIP: ``hip0 + hip_head_token x
+    head-tokens``: it splits contexts into 256-token partitions. Head-tokens are the sum
+    of the contexts times the KV heads."""
+
+    wg0_us: float
+    wg_token_us: float
+    asm_head_token_us: float
+    hip0_us: float
+    hip_head_token_us: float
+
+    def asm_us(self, contexts: Sequence[int], num_kv_heads: int) -> float:
+        workgroup = self.wg0_us + self.wg_token_us * max(contexts)
+        return max(workgroup, self.asm_head_token_us * sum(contexts) * num_kv_heads)
+
+    def hip_us(self, contexts: Sequence[int], num_kv_heads: int) -> float:
+        return self.hip0_us + self.hip_head_token_us * sum(contexts) * num_kv_heads
+
+    @property
+    def skew_ratio(self) -> float:
+        """Head-tokens of the HIP decode that cost what one token of an asm workgroup
+        does: asm loses once the longest context times this passes the head-tokens plus
+        :attr:`skew_head_tokens`."""
+        return self.wg_token_us / self.hip_head_token_us
+
+    @property
+    def skew_head_tokens(self) -> float:
+        """The head-tokens the HIP decode's larger start-up time is worth."""
+        return (self.hip0_us - self.wg0_us) / self.hip_head_token_us
+
+
+def _line(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
+    """Least-squares intercept and slope."""
+    n = len(points)
+    mx = sum(x for x, _ in points) / n
+    my = sum(y for _, y in points) / n
+    sxx = sum((x - mx) ** 2 for x, _ in points)
+    slope = sum((x - mx) * (y - my) for x, y in points) / sxx
+    return my - slope * mx, slope
+
+
+def fit_time_model(
+    rows: Sequence[tuple[Sequence[int], int, float, float]], num_cus: int = 256
+) -> KernelTimeModel:
+    """Fit to ``(contexts, kv_heads, hip_us, asm_us)`` rows: HIP a line in head-tokens;
+    asm's two terms by alternating assignment (each row to the term the last fit finds
+    larger, starting from a wave of workgroups per CU), a line in the longest context for
+    the workgroup term, a slope through the origin for the bandwidth term."""
+    hip0, hip_slope = _line([(sum(c) * h, hip) for c, h, hip, _ in rows])
+    by_workgroup = [len(c) * h <= num_cus for c, h, _, _ in rows]
+    for _ in range(20):
+        wg = [(max(c), asm) for (c, _, _, asm), w in zip(rows, by_workgroup, strict=True) if w]
+        bw = [
+            (sum(c) * h, asm) for (c, h, _, asm), w in zip(rows, by_workgroup, strict=True) if not w
+        ]
+        wg0, wg_slope = _line(wg)
+        bw_slope = sum(x * y for x, y in bw) / sum(x * x for x, _ in bw)
+        again = [wg0 + wg_slope * max(c) >= bw_slope * sum(c) * h for c, h, _, _ in rows]
+        if again == by_workgroup:
+            break
+        by_workgroup = again
+    return KernelTimeModel(wg0, wg_slope, bw_slope, hip0, hip_slope)
+
+
+def original_time_model() -> KernelTimeModel:
+    """The model fitted to the original change's kernel table (MI355X)."""
+    from .original import kernel_timings
+
+    rows = [(t.contexts, t.kv_heads, t.hip_us, t.asm_us) for t in kernel_timings()]
+    return fit_time_model(rows)

@@ -21,7 +21,7 @@ from typing import Any
 
 from .. import settings
 from ..aiter_version import FIRST_FIXED, AiterBuild, describe, installed_version, safe_blocks
-from ..core import use_asm_decode
+from ..core import ASM_SKEW_RATIO, use_asm_decode
 from ..eligibility import (
     VALIDATED_CONTEXT,
     default_cut,
@@ -31,6 +31,7 @@ from ..eligibility import (
     resolve_cut,
 )
 from ..kernel_table import KernelTable, fallback_table
+from ..page_span import SPAN_LIMIT
 from .choices import (
     DEFAULT_GPU,
     DEFAULT_PRESET,
@@ -40,6 +41,7 @@ from .choices import (
     first_line,
     resolve_model_dir,
 )
+from .contract_model import original_time_model
 
 #: A problem with the user's input (one line, exit 2).
 PlanError = InputError
@@ -109,6 +111,10 @@ class Plan:
     #: allocation granularity of the GPUs measured), as where the GPU offers virtual
     #: memory.
     scale_table_aliased_bytes: int = 0
+    #: The page-span guard for this deployment, as a sentence (see ``page_span``).
+    page_span_clause: str = ""
+    #: The skew clause's ratio (``VLLM_ROCM_ASM_DECODE_SKEW``, else the core's; 0: off).
+    skew_ratio: int = 0
     notes: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
@@ -393,6 +399,22 @@ def block_id_sentence(aiter: AiterBuild, num_gpu_blocks: int | None, page_bytes:
     return f"{who}: {num_gpu_blocks} blocks > {limit}: every layer keeps HIP"
 
 
+def page_span_sentence(aiter: AiterBuild, num_gpu_blocks: int | None, page_bytes: int) -> str:
+    """What the page-span guard does for this deployment, in one line."""
+    reach = SPAN_LIMIT // page_bytes + 1  # blocks from which two pages can be that far apart
+    if num_gpu_blocks is not None and num_gpu_blocks <= reach:
+        return f"{num_gpu_blocks} blocks: no two pages 2 GiB apart, no probe"
+    how = (
+        f"trusted ({settings.TRUST_ENV}=1)"
+        if aiter.trusted
+        else "proven on the GPU by a probe at bind time, or the layers keep HIP"
+    )
+    if num_gpu_blocks is None:
+        return f"caches of more than {reach} blocks (pages 2 GiB apart): {how}"
+    span = (num_gpu_blocks - 1) * page_bytes / 2**30
+    return f"{num_gpu_blocks} blocks, pages up to {span:.1f} GiB apart: {how}"
+
+
 def make_plan(
     model: str = DEFAULT_PRESET,
     gpu: str | None = None,
@@ -450,9 +472,23 @@ def make_plan(
     heads = first.impl.num_heads
     any_eligible = any(eligible)
 
+    kv_heads = first.impl.num_kv_heads
+    model_time = original_time_model()
+
     def kernel(num_seqs: int) -> str:
+        """The kernel vLLM captures for this many sequences: the cut alone decides (a
+        graph replays for any lengths)."""
         step = SimpleNamespace(max_query_len=1, num_reqs=num_seqs, num_actual_tokens=num_seqs)
-        return "asm" if any_eligible and use_asm_decode(step, heads, cut) else "hip"  # type: ignore[arg-type]
+        return "asm" if any_eligible and use_asm_decode(step, heads, kv_heads, cut, 0) else "hip"  # type: ignore[arg-type]
+
+    def worst(num_seqs: int) -> dict[str, float]:
+        """Both kernels' time on the step a graph of this size can meet at worst: one
+        request at max_model_len, the others at one token (the time model)."""
+        contexts = [model_config.max_model_len] + [1] * (num_seqs - 1)
+        return {
+            "worst_asm_us": round(model_time.asm_us(contexts, kv_heads), 1),
+            "worst_hip_us": round(model_time.hip_us(contexts, kv_heads), 1),
+        }
 
     sizes = default_capture_sizes()
     # FULL captures each graph from a batch whose max_query_len is its token count (a
@@ -460,7 +496,7 @@ def make_plan(
     # pure decodes as uniform decodes, or run attention outside the graph.
     full = cudagraph_mode == "FULL"
     batches = [
-        {"num_seqs": n, "query_heads": n * heads, "kernel": "hip" if full else kernel(n)}
+        {"num_seqs": n, "query_heads": n * heads, "kernel": "hip" if full else kernel(n)} | worst(n)
         for n in sizes
     ]
     if full and any_eligible:
@@ -480,6 +516,8 @@ def make_plan(
     tables, table_bytes_per_block = table_count(
         layers, eligible, scales, scales_source == "checkpoint"
     )
+    skew = settings.skew_override()
+    skew = ASM_SKEW_RATIO if skew is None else skew
     return Plan(
         model=label,
         gpu=the_gpu.name,
@@ -519,6 +557,10 @@ def make_plan(
         if num_gpu_blocks is None
         else table_bytes_per_block * num_gpu_blocks,
         scale_table_aliased_bytes=tables * ALIASED_CHUNK,
+        page_span_clause=page_span_sentence(
+            aiter, num_gpu_blocks, kv_page_bytes(first.impl, first.kv_cache)
+        ),
+        skew_ratio=skew,
         cudagraph_mode=cudagraph_mode,
         notes=notes,
     )
@@ -548,6 +590,15 @@ def render(plan: Plan) -> str:
         f"aiter      {plan.block_id_clause}",
         f"cut        pure-decode steps above {plan.cut_query_heads} query heads "
         f"({plan.cut_source}) run asm",
+        "skew       "
+        + (
+            f"a step whose longest context x {plan.skew_ratio} passes its head-tokens "
+            "(contexts x KV heads) keeps HIP; captured graphs hold their kernel for any "
+            "lengths (worst case below)"
+            if plan.skew_ratio
+            else f"off ({settings.SKEW_ENV}=0)"
+        ),
+        f"page span  {plan.page_span_clause}",
         "mixed      "
         + (
             "no layer is eligible"
@@ -582,8 +633,14 @@ def render(plan: Plan) -> str:
     lines += [f"note: {n}" for n in plan.notes]
     lines += [
         "",
-        f"decode kernel at vLLM's CUDA-graph batch sizes (cudagraph_mode {plan.cudagraph_mode}):",
-        "  seqs  query heads  kernel",
+        f"decode kernel at vLLM's CUDA-graph batch sizes (cudagraph_mode {plan.cudagraph_mode});",
+        f"worst case: one request at max_model_len {plan.max_model_len}, the others at one "
+        "token, µs per layer (time model fitted to MI355X):",
+        "  seqs  query heads  kernel  worst asm  worst HIP",
     ]
-    lines += [f"  {b['num_seqs']:>4}  {b['query_heads']:>11}  {b['kernel']}" for b in plan.batches]
+    lines += [
+        f"  {b['num_seqs']:>4}  {b['query_heads']:>11}  {b['kernel']:<6}  "
+        f"{b['worst_asm_us']:>9.1f}  {b['worst_hip_us']:>9.1f}"
+        for b in plan.batches
+    ]
     return "\n".join(lines)

@@ -300,6 +300,7 @@ def make_batch(
         max_seq_len=max(seq_lens),
         block_table_tensor=table,
         slot_mapping=slot_mapping,
+        seq_lens_cpu_upper_bound=torch.tensor(seq_lens, dtype=torch.int32),
     )
     return Batch(
         seq_lens=seq_lens,

@@ -166,9 +166,15 @@ _BUILD_DECIDE = """\
         if self.asm_decode_enabled and self.asm_scales is None:
             self._bind_asm_decode()
         use_asm = bool(self.asm_scales) and use_asm_decode(
-            common_attn_metadata, self.num_heads_q, self.asm_cut
+            common_attn_metadata, self.num_heads_q, self.num_heads_kv, self.asm_cut
         )
 """
+
+_CAPTURE_DECIDE = """\
+        # A graph replays its kernel for any lengths: the cut alone decides.
+        attn_metadata.use_asm_decode = bool(self.asm_scales) and use_asm_decode(
+            common_attn_metadata, self.num_heads_q, self.num_heads_kv, self.asm_cut, 0
+        )"""
 
 _FORWARD_ASM = """\
         scales = attn_metadata.asm_scales.get(layer)
@@ -221,6 +227,14 @@ def stage1_rocm_attn(src: Source) -> None:
             src.add_item_after(keywords[after], item)
             call = _metadata_call(src, src.find_def(builder, "build"), where)
             keywords = {k.arg: k for k in call.keywords}
+
+    capture = src.find_def(builder, "build_for_cudagraph_capture")
+    where = f"{builder}.build_for_cudagraph_capture"
+    if not src.carries(_CAPTURE_DECIDE, "use_asm_decode(", capture, where):
+        anchor = src.statement(
+            capture, "attn_metadata = self.build(0, common_attn_metadata)", where
+        )
+        src.insert_after_line(anchor.end_lineno or anchor.lineno, _CAPTURE_DECIDE)
 
     forward = src.find_def("RocmAttentionImpl", "forward")
     where = "RocmAttentionImpl.forward"
@@ -325,7 +339,11 @@ _SPLIT_BUILD = """\
         asm_split = None
         if self.asm_scales:
             asm_split = split_asm_decode(
-                common_attn_metadata, self.vllm_config, self.num_heads_q, self.asm_cut
+                common_attn_metadata,
+                self.vllm_config,
+                self.num_heads_q,
+                self.num_heads_kv,
+                self.asm_cut,
             )
 """
 

@@ -8,6 +8,10 @@ the original change's kernel timings used). Defaults reproduce that grid: heads 
 and 32/8, contexts 1024 and 4096, 16/64/256 sequences (24/64/256 for 32/8).
 ``--sweep`` walks the batch size up from 1 at the first layout and context and reports
 where asm starts to win, next to the default cut, and the ``VLLM_ROCM_ASM_DECODE_CUT``
+that crossover suggests. ``--skew`` times one long sequence among many short ones (the
+first layout; ``--seqs`` short ones, 127 by default, at the first ``--contexts`` value,
+1024 by default; the long one from 2K to 128K tokens) beside the time model's figures,
+and reports where asm becomes the slower kernel and the ``VLLM_ROCM_ASM_DECODE_SKEW``
 that crossover suggests. Needs a gfx942/gfx950 GPU with AITER; elsewhere it exits 2.
 """
 
@@ -27,6 +31,8 @@ PROG = "vllm-rocm-asm-decode bench kernel"
 SEED_SEQS = {(40, 8): (16, 64, 256), (32, 8): (24, 64, 256)}
 SEED_CONTEXTS = (1024, 4096)
 SWEEP_SEQS = (*range(1, 17), *range(20, 65, 4), 80, 96, 128, 192, 256)
+SKEW_SHORT, SKEW_COUNT = 1024, 127
+SKEW_LONG = (2048, 4096, 8192, 16384, 32768, 65536, 131072)
 
 
 @dataclass
@@ -41,6 +47,88 @@ class Timing:
     @property
     def ratio(self) -> float:
         return self.asm_us / self.hip_us
+
+
+@dataclass
+class SkewTiming:
+    """One long sequence among ``count`` short ones."""
+
+    num_heads: int
+    num_kv_heads: int
+    short: int
+    count: int
+    long: int
+    hip_us: float
+    asm_us: float
+
+    @property
+    def contexts(self) -> list[int]:
+        return [self.long] + [self.short] * self.count
+
+    @property
+    def head_tokens(self) -> int:
+        return sum(self.contexts) * self.num_kv_heads
+
+    @property
+    def ratio(self) -> float:
+        return self.asm_us / self.hip_us
+
+
+def skew_crossover(timings: Sequence[SkewTiming]) -> tuple[SkewTiming, SkewTiming] | None:
+    """The last long length at which asm was faster and the first from which it is
+    slower at every longer one measured; None when asm never turns slower (or never was
+    faster)."""
+    ordered = sorted(timings, key=lambda t: t.long)
+    for i in range(1, len(ordered)):
+        if ordered[i - 1].ratio < 1 <= min(t.ratio for t in ordered[i:]):
+            return ordered[i - 1], ordered[i]
+    return None
+
+
+def suggested_skew(timings: Sequence[SkewTiming]) -> int | None:
+    """The skew clause's ratio that puts the crossover between the two lengths that
+    bracket it: their head-tokens per longest-context token, geometric mean."""
+    found = skew_crossover(timings)
+    if found is None:
+        return None
+    faster, slower = found
+    return round((faster.head_tokens / faster.long * slower.head_tokens / slower.long) ** 0.5)
+
+
+def render_skew(timings: Sequence[SkewTiming], precision: str, built_in: int) -> str:
+    """The skew table, with the time model's asm/HIP beside the measured one."""
+    from ..contract_model import original_time_model
+
+    model = original_time_model()
+    first = timings[0]
+    lines = [
+        f"impl.forward in a CUDA graph, µs per call, fp8 cache, asm at {precision} precision: "
+        f"one long sequence among {first.count} of {first.short} tokens, "
+        f"{first.num_heads}/{first.num_kv_heads} heads",
+        "",
+        "| long | head-tokens | HIP | asm | asm / HIP | model asm / HIP |",
+        "|---|---|---|---|---|---|",
+    ]
+    for t in sorted(timings, key=lambda t: t.long):
+        predicted = model.asm_us(t.contexts, t.num_kv_heads) / model.hip_us(
+            t.contexts, t.num_kv_heads
+        )
+        lines.append(
+            f"| {t.long} | {t.head_tokens} | {t.hip_us:.2f} | {t.asm_us:.2f} | "
+            f"{t.ratio:.2f} | {predicted:.2f} |"
+        )
+    lines.append("")
+    found = skew_crossover(timings)
+    if found is None:
+        lines.append("crossover: asm did not turn slower within the lengths measured")
+    else:
+        _, slower = found
+        lines.append(
+            f"crossover: asm slower from one sequence of {slower.long} tokens on; "
+            f"suggested VLLM_ROCM_ASM_DECODE_SKEW={suggested_skew(timings)} "
+            f"(built in: {built_in})"
+        )
+    return "\n".join(lines)
 
 
 def grid(
@@ -133,18 +221,35 @@ def time_forward(run, iters: int) -> float:
 
 def measure(case: tuple[int, int, int, int], precision: int, iters: int) -> Timing:
     """Both paths of one case on one cache (GPU only)."""
+    h, kvh, ctx, n = case
+    return Timing(h, kvh, ctx, n, *time_paths(h, kvh, [ctx] * n, precision, iters))
+
+
+def measure_skew(
+    heads: tuple[int, int], short: int, count: int, long: int, precision: int, iters: int
+) -> SkewTiming:
+    """Both paths on one long sequence among ``count`` short ones (GPU only)."""
+    contexts = [long] + [short] * count
+    return SkewTiming(*heads, short, count, long, *time_paths(*heads, contexts, precision, iters))
+
+
+def time_paths(
+    h: int, kvh: int, contexts: list[int], precision: int, iters: int
+) -> tuple[float, float]:
+    """µs per call of the HIP and the asm decode on one cache of these contexts, the
+    decode forced either way regardless of the cut and the skew clause (GPU only)."""
     import torch
 
     from .. import testbed
 
-    h, kvh, ctx, n = case
     model = testbed.build_model(
         Path(tempfile.mkdtemp()), num_heads=h, num_kv_heads=kvh, num_layers=1,
-        num_blocks=n * (ctx // 16 + 2) + 8, device="cuda",
+        num_blocks=sum(c // 16 + 2 for c in contexts) + 8, device="cuda",
+        max_model_len=max(max(contexts), 2048) + 16,
     )  # fmt: skip
     layer = model.layers[model.names[0]]
     layer.kv_cache.view(torch.uint8).random_(0, 0x40)  # finite fp8 values below 2
-    batch = testbed.make_batch(model, [ctx] * n, contexts=False)
+    batch = testbed.make_batch(model, contexts, contexts=False)
     metadata = model.builder.build(0, batch.common)
     impl = layer.impl
     if model.builder.binding(model.names[0]) is None:
@@ -166,7 +271,7 @@ def measure(case: tuple[int, int, int, int], precision: int, iters: int) -> Timi
         asm_us = time_forward(path(True), iters)
     finally:
         core.ASM_PRECISION = shipped
-    return Timing(h, kvh, ctx, n, hip_us, asm_us)
+    return hip_us, asm_us
 
 
 def main(args: argparse.Namespace) -> int:
@@ -185,6 +290,30 @@ def main(args: argparse.Namespace) -> int:
     from ...plugin import register
 
     register()
+    if args.skew:
+        heads = (args.heads or list(SEED_SEQS))[0]
+        short = (args.contexts or (SKEW_SHORT,))[0]
+        count = (args.seqs or (SKEW_COUNT,))[0]
+        skews = [
+            measure_skew(heads, short, count, long, precision, args.iters)
+            for long in SKEW_LONG
+            if long > short
+        ]
+        from ...core import ASM_SKEW_RATIO
+
+        print(render_skew(skews, args.precision, ASM_SKEW_RATIO))
+        if args.json:
+            Path(args.json).write_text(
+                json.dumps(
+                    {
+                        "precision": args.precision,
+                        "skew": [asdict(t) | {"ratio": t.ratio} for t in skews],
+                        "suggested_skew": suggested_skew(skews),
+                    },
+                    indent=2,
+                )
+            )
+        return 0
     if args.sweep:
         heads = (args.heads or list(SEED_SEQS))[:1]
         contexts = (args.contexts or SEED_CONTEXTS)[:1]

@@ -10,7 +10,10 @@ With ``ASM_DECODE_TEST_NOOP_KERNELS=1`` the call records and returns without com
 
 Its version (``aiter._version``) is ``$ASM_DECODE_TEST_AITER_VERSION``; set below
 0.1.17, the kernel misreads block ids >= 65536 as AITER's did before that release
-(``block_id & 0xFFFF``).
+(``block_id & 0xFFFF``). From 0.1.17 on (and with no version set) it has the fixed
+kernels' span limit: pages of one wave whose byte distance reaches 2**31 are misread
+(the contract model's ``span_limit``), unless ``$ASM_DECODE_TEST_AITER_SPAN=right``.
+Whether AITER's kernels misread so is not known, so the stand-in does by default.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from typing import Any
 import torch
 
 from vllm_rocm_asm_decode.kernel_table import load_table
-from vllm_rocm_asm_decode.tools.contract_model import PagedAttentionAsmModel
+from vllm_rocm_asm_decode.tools.contract_model import SPAN_LIMIT, PagedAttentionAsmModel
 
 from .jit import core as _core
 
@@ -44,7 +47,11 @@ def _model() -> PagedAttentionAsmModel:
     arch = os.environ.get("ASM_DECODE_TEST_GFX", "gfx950")
     table, note = load_table(_core.AITER_ASM_DIR, arch)
     assert note is None, note
-    return PagedAttentionAsmModel(table, block_id_mask=0xFFFF if _truncates_block_ids() else None)
+    if _truncates_block_ids():
+        return PagedAttentionAsmModel(table, block_id_mask=0xFFFF)
+    span = os.environ.get("ASM_DECODE_TEST_AITER_SPAN", "misread")
+    assert span in ("misread", "right"), span
+    return PagedAttentionAsmModel(table, span_limit=SPAN_LIMIT if span == "misread" else None)
 
 
 def pa_fwd_asm(*args: Any, **kwargs: Any) -> torch.Tensor:
