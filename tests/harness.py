@@ -10,9 +10,11 @@ as the device kernels do for any layout vLLM hands them.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -132,17 +134,24 @@ def asm_backend() -> type:
     return RocmAsmDecodeBackend
 
 
-def build_untouched_model(tmp_path, **kw) -> Model:
-    """:func:`build_model` with vLLM's KV-cache allocation left unzeroed (``torch.zeros``
-    read as ``torch.empty`` for that call alone): a pool of several GiB, as large caches
-    need for the page-span guard, costs only the pages a test writes (fresh pages of a
+@contextlib.contextmanager
+def untouched_kv_caches() -> Iterator[None]:
+    """vLLM's KV-cache allocation left unzeroed (``torch.zeros`` read as ``torch.empty``
+    while this holds; ``allocate_kv_cache`` makes one such call): a pool of several GiB,
+    as the page-span guard needs, costs only the pages a test writes (fresh pages of a
     large host allocation read zeros)."""
     real = torch.zeros
-    torch.zeros = torch.empty  # vllm.v1.worker.utils.allocate_kv_cache's one call
+    torch.zeros = torch.empty
     try:
-        return build_model(tmp_path, **kw)
+        yield
     finally:
         torch.zeros = real
+
+
+def build_untouched_model(tmp_path, **kw) -> Model:
+    """:func:`build_model` with :func:`untouched_kv_caches`."""
+    with untouched_kv_caches():
+        return build_model(tmp_path, **kw)
 
 
 # --------------------------------------------------------------------------------------

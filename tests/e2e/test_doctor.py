@@ -167,12 +167,14 @@ def gpu_here(monkeypatch, kernels, short_contexts):
 
 def run_doctor() -> doctor.Report:
     report = doctor.environment()
-    doctor.self_test(report, device="cpu", block_id_heads=(8, 1), block_id_pool=70000)
+    with harness.untouched_kv_caches():  # the page-span probe's 4 GiB pool, barely touched
+        doctor.self_test(report, device="cpu", block_id_heads=(8, 1), block_id_pool=70000)
     return report
 
 
-def test_self_test_passes_on_a_sound_fixed_aiter(aiter_version, gpu_here):
+def test_self_test_passes_on_a_sound_fixed_aiter(aiter_version, gpu_here, monkeypatch):
     aiter_version("0.1.20")
+    monkeypatch.setenv("ASM_DECODE_TEST_AITER_SPAN", "right")  # a GPU that reads them right
     report = run_doctor()
     by_name = {c.name: c for c in report.checks}
     assert report.self_test == "passed" and report.exit_code == 0, report.checks
@@ -180,6 +182,7 @@ def test_self_test_passes_on_a_sound_fixed_aiter(aiter_version, gpu_here):
         "selftest-accuracy-bfloat16",
         "selftest-accuracy-float16",
         "selftest-block-id",
+        "selftest-page-span",
         "selftest-padding-rows",
         "selftest-scale-tables",
     } <= set(by_name)
@@ -206,6 +209,19 @@ def test_self_test_on_an_old_aiter_fails_the_probe_and_exits_1(aiter_version, gp
     assert not by_name["aiter-block-id-fix"].ok
 
 
+def test_a_kernel_that_misreads_far_pages_fails_the_page_span_probe(aiter_version, gpu_here):
+    """The stand-in's default: pages of one wave 2 GiB apart are read at the offset
+    wrapped to 32 bits (AITER's rebase, unproven on hardware)."""
+    aiter_version("0.1.20")
+    report = run_doctor()
+    by_name = {c.name: c for c in report.checks}
+    span = by_name["selftest-page-span"]
+    assert not span.ok and report.exit_code == 1
+    assert span.detail.startswith("AITER's asm kernel read KV pages 2.0 GiB apart unlike")
+    assert "keep VLLM_ROCM_ASM_DECODE_TRUST_AITER unset" in span.detail
+    assert by_name["selftest-block-id"].ok
+
+
 def test_an_old_version_that_passes_the_probe_is_cleared_for_trust(
     aiter_version, gpu_here, monkeypatch
 ):
@@ -213,6 +229,7 @@ def test_an_old_version_that_passes_the_probe_is_cleared_for_trust(
     blocks right: the probe is the proof, and doctor says the trust switch is safe."""
     aiter_version("0.1.0")
     monkeypatch.setattr("aiter._truncates_block_ids", lambda: False)
+    monkeypatch.setenv("ASM_DECODE_TEST_AITER_SPAN", "right")
     report = run_doctor()
     by_name = {c.name: c for c in report.checks}
     assert by_name["selftest-block-id"].ok

@@ -27,6 +27,7 @@ from typing import Any
 
 from .. import settings
 from ..aiter_version import BLOCK_ID_LIMIT, FIRST_FIXED, AiterBuild, describe, installed_version
+from ..core import ASM_SKEW_HEAD_TOKENS, ASM_SKEW_RATIO
 from ..kernel_table import ULTRA_PRECISION, KernelTable
 from .validation.selftest import Check
 
@@ -131,14 +132,33 @@ def switches() -> list[dict[str, Any]]:
     )
     rows.append(
         (
+            settings.SKEW_ENV,
+            _effect(
+                settings.skew_override,
+                lambda skew: (
+                    f"steps whose longest context x {ASM_SKEW_RATIO} passes their "
+                    f"head-tokens + {ASM_SKEW_HEAD_TOKENS} keep HIP (the default)"
+                    if skew is None
+                    else "0: the skew clause is off"
+                    if skew == 0
+                    else f"steps whose longest context x {skew} passes their head-tokens "
+                    f"+ {ASM_SKEW_HEAD_TOKENS} keep HIP"
+                ),
+            ),
+        )
+    )
+    rows.append(
+        (
             settings.TRUST_ENV,
             _effect(
                 settings.trust_aiter,
                 lambda trust: (
-                    f"1: AITER is trusted with KV blocks >= {BLOCK_ID_LIMIT} whatever its version"
+                    f"1: AITER is trusted with KV blocks >= {BLOCK_ID_LIMIT} whatever its "
+                    "version, with pages 2 GiB apart unprobed, and with fp16 queries"
                     if trust
                     else f"only AITER {FIRST_FIXED} and later is trusted with KV blocks "
-                    f">= {BLOCK_ID_LIMIT} (the default)"
+                    f">= {BLOCK_ID_LIMIT}; pages 2 GiB apart are probed at bind time (the "
+                    "default)"
                 ),
             ),
         )
@@ -325,22 +345,24 @@ def environment() -> Report:
 
 
 def _scale_tables() -> tuple[str, str]:
-    """How the backend makes scale tables on this GPU, and a sentence on it."""
+    """How the backend makes scale tables on this GPU, and a sentence on it: the probe
+    the backend makes, at an MI355X table's shape (183,104 blocks of 8 KV heads)."""
     import torch
 
-    from ..asm_scale_tables import aliasing_available, virtual_memory
+    from ..asm_scale_tables import MIN_CHUNK, aliasing_problem, mapping_bound, virtual_memory
 
+    problem = aliasing_problem(torch.device("cuda"), (183_104, 8, 16))
     vm = virtual_memory()
-    if aliasing_available(torch.device("cuda")):
+    if problem is None:
         assert vm is not None
         return "aliased", (
-            f"aliased: one chunk of device memory mapped over each table ({vm.prefix}Mem* "
-            f"from {vm.library})"
+            f"aliased: one chunk of {MIN_CHUNK // 2**20} MiB or more (a power of two) "
+            f"mapped over each table, read back once; at most {mapping_bound()} mappings "
+            f"per process, tables past them allocated ({vm.prefix}Mem* from {vm.library})"
         )
-    why = "no virtual memory library" if vm is None else f"{vm.prefix}Mem* failed here"
     return "allocated", (
-        f"allocated in full ({why}): calibrated per-layer scales cost 3.125 % of the KV "
-        "cache, within the memory vLLM does not count on"
+        f"allocated in full ({problem}): calibrated per-layer scales cost 3.125 % of the "
+        "KV cache, within the memory vLLM does not count on"
     )
 
 

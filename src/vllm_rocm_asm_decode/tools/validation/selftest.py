@@ -10,6 +10,10 @@ metadata builder (:mod:`..testbed`), the step the builder decides, ``impl.forwar
 * :func:`padding_probe`: CUDA-graph padding rows (length 0, null block) beside real ones;
   the padding rows must stay finite (a NaN there can reach real tokens through a
   per-tensor dynamic quantization downstream).
+* :func:`page_span_probe`: a pool whose pages reach 2 GiB apart; the page-span guard's
+  bind-time probe on it (one sequence over pages alternating between the pool's two ends
+  against the same content on adjacent pages, bit for bit): the proof the trust switch
+  stands in for.
 * :func:`scale_table_probe`: two layers with distinct per-layer checkpoint scales on the
   tables the backend makes (aliased where the GPU offers virtual memory), against fp32;
   then a weight reload between two replays of a captured CUDA graph, which must read
@@ -30,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from ... import settings
+from ... import page_span, settings
 from ...aiter_version import BLOCK_ID_LIMIT, OFFSET_LIMIT, safe_blocks
 from .. import testbed
 from .tolerances import MAX_TOL, MEAN_TOL
@@ -248,6 +252,44 @@ def block_id_probe(
     )
 
 
+def page_span_pool_blocks(heads: tuple[int, int]) -> int:
+    """A pool whose first and last usable pages lie 2 GiB apart, for fp8 pages of these
+    heads (block 0 is vLLM's null block)."""
+    return page_span.SPAN_LIMIT // _page_bytes(heads) + 2
+
+
+def page_span_probe(
+    device: str, heads: tuple[int, int] = (40, 8), pool_blocks: int | None = None
+) -> Check:
+    """The page-span guard's probe (:func:`..page_span.probe`, the one each worker makes
+    at bind time) on a pool whose pages reach 2 GiB apart."""
+    name = "selftest-page-span"
+    num_blocks = pool_blocks or page_span_pool_blocks(heads)
+    n = sequences_above_cut(heads[0])
+    with _trusting_aiter(), _one_layer(device, heads, num_blocks) as model:
+        batch = testbed.make_batch(model, [16] * n, seed=5, contexts=False)
+        if not model.builder.build(0, batch.common).use_asm_decode:
+            return Check(name, False, _not_asm(model))
+        binding = model.builder.binding(model.names[0])
+        reach = page_span.describe(binding.key_cache)
+        if not page_span.reaches(binding.key_cache):
+            return Check(name, False, f"a {num_blocks}-block pool reaches {reach}: too small")
+        problem = page_span.probe(binding, heads[0])
+    if problem is None:
+        return Check(
+            name,
+            True,
+            f"pages {reach} apart read like adjacent ones ({num_blocks}-block pool, "
+            f"{_page_bytes(heads)} bytes a page)",
+        )
+    return Check(
+        name,
+        False,
+        f"{problem}: keep {settings.TRUST_ENV} unset (each worker then probes at bind time "
+        "and large caches keep the HIP decode where it fails)",
+    )
+
+
 #: What the padding probe fills the output with before its second step: a finite value
 #: no attention output of the probe's data reaches, exact in bf16 and fp16.
 PADDING_SENTINEL = -4096.0
@@ -373,6 +415,7 @@ def run_all(
         ("selftest-accuracy-bfloat16", lambda: accuracy_probe(device, torch.bfloat16)),
         ("selftest-accuracy-float16", lambda: accuracy_probe(device, torch.float16)),
         ("selftest-block-id", lambda: block_id_probe(device, block_id_heads, block_id_pool)),
+        ("selftest-page-span", lambda: page_span_probe(device, block_id_heads)),
         ("selftest-padding-rows", lambda: padding_probe(device)),
         ("selftest-scale-tables", lambda: scale_table_probe(device)),
     ]
