@@ -187,8 +187,7 @@ def hip_vm(monkeypatch):
     """The runtime's ``hipMem*`` path on the HIP stand-in (``standins/hip/hip_vm.c``,
     ROCm's checks, 4 KiB minimum granularity): scale tables on ``cpu`` tensors are then
     made as on an MI300X/MI355X, aliased over host memory. In-tree, the module stage 3
-    writes into vLLM. Yields the stand-in's controls; no mapping outlives the test."""
-    import gc
+    writes into vLLM. Yields the stand-in's controls."""
     import importlib
 
     import hip_standin
@@ -202,5 +201,4 @@ def hip_vm(monkeypatch):
     )
     standin = hip_standin.runtime_vm(monkeypatch, importlib.import_module(name))
     yield standin
-    gc.collect()
     standin.configure()
