@@ -68,7 +68,7 @@ def rule(name: str):
     if IN_TREE:
         from vllm.v1.attention.backends import rocm_attn
 
-        return getattr(rocm_attn, name)
+        return getattr(rocm_attn, f"_{name}")  # private in vLLM
     from vllm_rocm_asm_decode import core, mixed
 
     return getattr(core, name) if hasattr(core, name) else getattr(mixed, name)
@@ -78,21 +78,25 @@ def asm_enabled(builder) -> bool:
     """Whether this builder may run the asm decode at all (ROCM_ATTN's own builder, with
     AITER's MHA on)."""
     if IN_TREE:
-        return builder.asm_decode_enabled
+        from vllm._aiter_ops import rocm_aiter_ops
+        from vllm.v1.attention.backends.rocm_attn import RocmAttentionMetadataBuilder
+
+        own = type(builder) is RocmAttentionMetadataBuilder
+        return own and bool(rocm_aiter_ops.is_mha_enabled())
     return builder.asm_settings is not None
 
 
 def asm_layers(builder) -> set[str]:
     """The layers the builder bound for the asm decode (after its first build)."""
     if IN_TREE:
-        return {layer.layer_name for layer in builder.asm_scales or {}}
+        return {layer.layer_name for layer in builder._asm_scales}
     return set(builder.asm_bindings.layers)
 
 
 def scale_tables(builder, name: str) -> tuple[torch.Tensor, torch.Tensor]:
     """The K and V scale tables the asm decode of layer ``name`` reads."""
     if IN_TREE:
-        by_name = {layer.layer_name: t for layer, t in (builder.asm_scales or {}).items()}
+        by_name = {layer.layer_name: t[:2] for layer, t in builder._asm_scales.items()}
         return by_name[name]
     return builder.binding(name).scales
 

@@ -1,8 +1,9 @@
 """The asm decode's core: the kernel's hard facts, the per-layer rule, the per-step
 decision and the call. Stage 1 of ``vllm-rocm-asm-decode upstream`` writes everything
-below the imports into vLLM's ``rocm_attn.py`` as it stands here, so this module reads
-as vLLM code: no plugin setting, no AITER version, no memory budget (those are the
-plugin's guards, :mod:`.eligibility`, around it).
+below the imports into vLLM's ``rocm_attn.py``, with every name made private (a
+leading underscore), so this module reads as vLLM code: no plugin setting, no AITER
+version, no memory budget (those are the plugin's guards, :mod:`.eligibility`, around
+it).
 
 ``rocm_aiter_ops`` is vLLM's (:mod:`.aiter_ops` hands the plugin vLLM's own class where
 it passes ``high_precision`` on to AITER, else a subclass that does).
@@ -12,7 +13,6 @@ import math
 from typing import TYPE_CHECKING
 
 import torch
-from vllm.config import ModelConfig
 from vllm.v1.attention.backend import AttentionType, CommonAttentionMetadata
 from vllm.v1.attention.ops.chunked_prefill_paged_decode import (
     has_native_kv_cache_layout,
@@ -24,36 +24,18 @@ from .aiter_ops import rocm_aiter_ops
 if TYPE_CHECKING:
     from vllm.v1.attention.backends.rocm_attn import RocmAttentionImpl
 
-# AITER's asm paged attention (pa_fwd_asm) reads the fp8 cache of 16-token blocks
-# as it is: V [blocks, kv_heads, head_size, 16] is its shuffled V. Its ultra-precision
-# kernel, as accurate as the HIP decode, exists on gfx942/gfx950 for head size 128
-# (the scale 1/sqrt(128) built in), GQA up to 8 and fp8 e4m3.
-ASM_ARCHS = ("gfx942", "gfx950")
-ASM_KV_CACHE_DTYPES = ("fp8", "fp8_e4m3")
-ASM_BLOCK_SIZE = 16
-ASM_HEAD_SIZE = 128
-ASM_MAX_GQA = 8
-ASM_PRECISION = 2
-ASM_MAX_MODEL_LEN = 128 * 1024  # the HIP decode's envelope
-# One workgroup per (KV head, sequence): the GPU is full from two query heads per CU.
-ASM_HEADS_PER_CU = 2
-# Each workgroup walks its sequence's whole context (AITER asm_pa.cu launches a grid of
-# (num_kv_heads, batch)), where the HIP decode splits contexts into 256-token
-# partitions, so one long sequence can make the asm step the slower one. Fitted to the
-# original MI355X kernel table (HIP about 6.9 us + 53 ps per head-token, that is context
-# token x KV head; an asm workgroup 5.9 us + 3.5 ns per token): asm is the slower
-# kernel once 67 x the longest context passes the head-tokens plus 19,500.
-ASM_SKEW_RATIO = 67
-ASM_SKEW_HEAD_TOKENS = 19_500
-# The per-slot K and V scale tables pa_fwd_asm reads, by layer.
-AsmScales = dict[torch.nn.Module, tuple[torch.Tensor, torch.Tensor]]
+# AITER's pa_asm.csv has uhp kernels for gfx942/gfx950, fp8 e4m3, head 128, GQA <= 8;
+# asm decodes above 2 query heads a CU, as AITER's paged_attention_common does.
+ASM_KV_DTYPES = ("fp8", "fp8_e4m3")
+ASM_BLOCK_SIZE, ASM_HEAD_SIZE, ASM_MAX_GQA = 16, 128, 8
+ASM_PRECISION, ASM_HEADS_PER_CU = 2, 2
+# One workgroup walks each (KV head, sequence) whole; fitted to MI355X timings, asm is
+# slower than HIP once 67 x the longest context passes the head-tokens + 19,500.
+ASM_SKEW_RATIO, ASM_SKEW_HEAD_TOKENS = 67, 19_500
 
 
 def asm_decode_rejections(
-    impl: "RocmAttentionImpl",
-    kv_cache: torch.Tensor,
-    model_config: ModelConfig,
-    gcn_arch: str,
+    impl: "RocmAttentionImpl", kv_cache: torch.Tensor, dtype: torch.dtype, mi3xx: bool
 ) -> list[str]:
     """Why pa_fwd_asm cannot decode this layer; empty when it can."""
     if impl.attn_type != AttentionType.DECODER:
@@ -62,14 +44,13 @@ def asm_decode_rejections(
         kv_cache.transpose(0, 1), impl.num_kv_heads, impl.head_size
     )
     block_size, gqa = value_cache.shape[3], impl.num_heads // impl.num_kv_heads
-    query_dtype, max_model_len = model_config.dtype, model_config.max_model_len
     scale_ok = math.isclose(impl.scale, ASM_HEAD_SIZE**-0.5, rel_tol=1e-6)
     clauses = (
-        (any(arch in gcn_arch for arch in ASM_ARCHS), f"GPU {gcn_arch or 'unknown'}"),
-        (impl.kv_cache_dtype in ASM_KV_CACHE_DTYPES, f"{impl.kv_cache_dtype} KV cache"),
+        (mi3xx, "a GPU other than gfx942/gfx950"),
+        (impl.kv_cache_dtype in ASM_KV_DTYPES, f"{impl.kv_cache_dtype} KV cache"),
         (block_size == ASM_BLOCK_SIZE, f"block size {block_size}"),
         (impl.head_size == ASM_HEAD_SIZE, f"head size {impl.head_size}"),
-        (query_dtype in (torch.bfloat16, torch.float16), f"{query_dtype} query"),
+        (dtype in (torch.bfloat16, torch.float16), f"{dtype} query"),
         (gqa <= ASM_MAX_GQA, f"GQA {gqa}"),
         (scale_ok, f"softmax scale {impl.scale:g} != 1/sqrt(128)"),
         (impl.sliding_window == (-1, -1), "sliding window"),
@@ -77,7 +58,6 @@ def asm_decode_rejections(
         (not impl.logits_soft_cap, "logits soft cap"),
         (impl.sinks is None, "attention sinks"),
         (has_native_kv_cache_layout(key_cache, value_cache), "KV pages not dense"),
-        (max_model_len <= ASM_MAX_MODEL_LEN, f"max_model_len {max_model_len}"),
     )
     return [reason for ok, reason in clauses if not ok]
 
@@ -89,34 +69,24 @@ def use_asm_decode(
     cut: int,
     skew: int = ASM_SKEW_RATIO,
 ) -> bool:
-    """A pure-decode step (one query token per request) above the cut, whose longest
-    sequence does not make pa_fwd_asm the slower kernel (``skew`` 0: not asked)."""
-    pure_decode = (
-        common.max_query_len == 1 and common.num_reqs == common.num_actual_tokens
+    """A pure-decode step above the cut that no long sequence makes slower on asm."""
+    return (
+        common.max_query_len == 1
+        and common.num_reqs == common.num_actual_tokens
+        and common.num_actual_tokens * num_heads > cut
+        and not asm_decode_skewed(common, common.num_reqs, num_kv_heads, skew)
     )
-    if not pure_decode or common.num_actual_tokens * num_heads <= cut:
-        return False
-    return not asm_decode_skewed(common, common.num_reqs, num_kv_heads, skew)
 
 
 def asm_decode_skewed(
-    common: CommonAttentionMetadata,
-    num_reqs: int,
-    num_kv_heads: int,
-    skew: int = ASM_SKEW_RATIO,
+    common: CommonAttentionMetadata, num_reqs: int, num_kv_heads: int, skew: int
 ) -> bool:
-    """Whether the longest of the first ``num_reqs`` requests' contexts, times ``skew``,
-    passes their head-tokens plus ``ASM_SKEW_HEAD_TOKENS``. Host integers only: vLLM's
-    upper bounds of the lengths, else the requests taken as all of ``max_seq_len``."""
-    if skew <= 0:
-        return False
-    lens = common.seq_lens_cpu_upper_bound
-    if lens is None:
-        longest, total = common.max_seq_len, common.max_seq_len * num_reqs
-    else:
+    """Whether the first num_reqs requests are skewed by one long one (host lengths)."""
+    longest, total = common.max_seq_len, common.max_seq_len * num_reqs
+    if (lens := common.seq_lens_cpu_upper_bound) is not None:
         host = lens.numpy()[:num_reqs]
         longest, total = int(host.max()), int(host.sum())
-    return longest * skew > total * num_kv_heads + ASM_SKEW_HEAD_TOKENS
+    return skew > 0 and longest * skew > total * num_kv_heads + ASM_SKEW_HEAD_TOKENS
 
 
 def asm_decode(

@@ -42,8 +42,12 @@ FP16_UNPROVEN = (
 )
 
 #: Longest context validated on hardware (passkey retrieval, in the original change's
-#: runs); longer ones, up to the core's ``ASM_MAX_MODEL_LEN``, are unvalidated.
+#: runs); longer ones are unvalidated (the start-up line says so).
 VALIDATED_CONTEXT = 32768
+#: The GPUs AITER ships ultra-precision asm decode kernels for (vLLM's ``on_mi3xx()``).
+MI3XX = ("gfx942", "gfx950")
+#: The core rule's reason for any other GPU (the plugin adds which it is).
+OTHER_GPU = "a GPU other than gfx942/gfx950"
 
 
 def kv_page_bytes(impl: RocmAttentionImpl, kv_cache: torch.Tensor) -> int:
@@ -109,7 +113,12 @@ def rejection_reasons(
     The core rule's reasons, else the guards' (which ask AITER for what the rule
     admits). The fp16 proof is asked for either way: a user who fixes the rule's
     reasons should not find it only then."""
-    reasons = asm_decode_rejections(impl, kv_cache, model_config, kernels.arch)
+    reasons = [
+        f"{reason} ({kernels.arch or 'unknown'})" if reason == OTHER_GPU else reason
+        for reason in asm_decode_rejections(
+            impl, kv_cache, model_config.dtype, kernels.arch in MI3XX
+        )
+    ]
     if not reasons:
         return guard_reasons(impl, kv_cache, model_config, kernels, aiter)
     decoder = impl.attn_type == AttentionType.DECODER

@@ -19,7 +19,7 @@ from vllm.v1.kv_cache_interface import AttentionSpec, SlidingWindowSpec
 from .core import (
     ASM_BLOCK_SIZE,
     ASM_HEAD_SIZE,
-    ASM_KV_CACHE_DTYPES,
+    ASM_KV_DTYPES,
     ASM_SKEW_RATIO,
     asm_decode_skewed,
 )
@@ -44,7 +44,7 @@ def asm_split_reorders(spec: AttentionSpec, cache_dtype: str) -> bool:
     to put decodes first can pay off (the runner takes the lowest threshold of all
     builders). A prediction from the spec, before any layer is bound."""
     return (
-        cache_dtype in ASM_KV_CACHE_DTYPES
+        cache_dtype in ASM_KV_DTYPES
         and spec.block_size == ASM_BLOCK_SIZE
         and spec.head_size == ASM_HEAD_SIZE
         and not isinstance(spec, SlidingWindowSpec)

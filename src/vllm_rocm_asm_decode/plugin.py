@@ -22,7 +22,7 @@ BACKEND_PATH = "vllm_rocm_asm_decode.backend.RocmAsmDecodeBackend"
 #: The module the in-tree form changes (``vllm-rocm-asm-decode upstream``), and what
 #: stage 1 defines there.
 IN_TREE_MODULE = "vllm.v1.attention.backends.rocm_attn"
-IN_TREE_MARKER = "def asm_decode_rejections("
+IN_TREE_MARKER = "def _asm_decode_rejections("
 
 
 def vllm_carries_asm_decode() -> bool:

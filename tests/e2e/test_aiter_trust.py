@@ -363,7 +363,7 @@ def test_arch_falls_back_to_torch_then_to_unknown(tmp_path, kernels, plugin_log,
     model = harness.build_model(tmp_path, num_layers=1)
     assert not model.builder.build(0, harness.make_batch(model, [40] * 20).common).use_asm_decode
     reasons = model.layers[model.names[0]].impl.asm_rejections
-    assert reasons == ["GPU unknown"]
+    assert reasons == ["a GPU other than gfx942/gfx950 (unknown)"]
     assert any("on an unknown GPU architecture" in m for m in plugin_log)
 
 

@@ -109,9 +109,8 @@ def skew_model(tmp_path):
 def test_one_long_sequence_keeps_the_step_on_hip_and_a_uniform_one_runs_asm(tmp_path, kernels):
     """One workgroup walks each sequence: one 32K request among 127 of 1K takes the asm
     kernel about 1.6x the HIP decode's time (the time model fitted to MI355X), so the
-    step keeps HIP; 128 of 1K run asm; a capture build decides on the cut alone (a graph
-    replays its kernel whatever the lengths, and vLLM's capture batch claims
-    max_model_len)."""
+    step keeps HIP; 128 of 1K run asm, and so does vLLM's capture batch (one token a
+    request, max_seq_len at max_model_len: the lengths it holds are uniform)."""
     model = skew_model(tmp_path)
     skewed = harness.make_batch(model, [32768] + [1024] * 127, contexts=False)
     uniform = harness.make_batch(model, [1024] * 128, contexts=False)
@@ -120,7 +119,9 @@ def test_one_long_sequence_keeps_the_step_on_hip_and_a_uniform_one_runs_asm(tmp_
     assert not metadata.use_asm_decode
     harness.run_layer(model, model.names[0], skewed, metadata)
     assert harness.asm_calls() == [] and kernels.hip_decode == 1
-    captured = dataclasses.replace(skewed.common, max_seq_len=40960)
+    # vLLM's capture batch: one token a request, claiming max_model_len.
+    dummy = harness.make_batch(model, [1] * 128, contexts=False).common
+    captured = dataclasses.replace(dummy, max_seq_len=40960)
     assert model.builder.build_for_cudagraph_capture(captured).use_asm_decode
 
 

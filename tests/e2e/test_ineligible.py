@@ -27,7 +27,6 @@ CASES = {
     "alibi": (dict(layer_kwargs=[{"alibi_slopes": [0.5] * 40}]), "ALiBi"),
     "soft-cap": (dict(layer_kwargs=[{"logits_soft_cap": 30.0}]), "logits soft cap"),
     "lbhnc-layout": (dict(layout="LBHNC"), "KV pages not dense"),
-    "context-above-128k": (dict(max_position=262144, max_model_len=200000), "max_model_len 200000"),
 }
 
 

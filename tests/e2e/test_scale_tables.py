@@ -1,6 +1,7 @@
-"""Per-slot scale tables: one per distinct fixed scale, one per layer where the scales come
-from the checkpoint, refilled in place when a weight reload changes them (the plugin, and
-in-tree from stage 3; before it, ROCM_AITER_FA's shared constant tables)."""
+"""Per-slot scale tables: one per distinct scale (in-tree before stage 3, and wherever
+tables are allocated there), or one per layer where the scales come from the checkpoint
+(the plugin; in-tree from stage 3 where tables are aliased); refilled in place when a
+weight reload changes them, in every form. Reloads go through vLLM's own reload path."""
 
 from __future__ import annotations
 
@@ -11,11 +12,9 @@ import torch
 
 import harness
 
-#: Where a weight reload is followed: the plugin, and in-tree from stage 3.
-FOLLOWS_RELOAD = harness.STAGE is None or harness.STAGE >= 3
-follows_reload = pytest.mark.skipif(
-    not FOLLOWS_RELOAD, reason="ROCM_AITER_FA's constant tables before stage 3"
-)
+#: Where layers with checkpoint scales own their tables: the plugin, in-tree from stage 3.
+OWNS_TABLES = harness.STAGE is None or harness.STAGE >= 3
+owns_tables = pytest.mark.skipif(not OWNS_TABLES, reason="tables shared by value in stage 1")
 
 
 #: Stage 3 in vLLM gives layers tables of their own only where tables are aliased (GPU
@@ -89,32 +88,27 @@ def checkpoint_model(tmp_path, scales, num_layers=None):
     return model
 
 
-def reload_scales(layer, k: float, v: float) -> None:
-    """What vLLM's ``reload_weights`` leaves behind for an attention layer: the new
-    scales copied into the existing ``_k_scale``/``_v_scale`` tensors (to keep CUDA
-    graph references) and new floats. No forward runs in between."""
-    layer._k_scale.data.copy_(torch.tensor(k))
-    layer._v_scale.data.copy_(torch.tensor(v))
-    layer._k_scale_float, layer._v_scale_float = k, v
+def fp8_checkpoint(tmp_path, scales):
+    """Layers of an fp8 checkpoint whose KV scales vLLM's loader loaded (and reloads)."""
+    from vllm.model_executor.layers.quantization.fp8 import Fp8Config
+
+    model = harness.build_model(
+        tmp_path,
+        num_layers=len(scales),
+        num_blocks=64,
+        layer_kwargs=[{"quant_config": Fp8Config()}] * len(scales),
+    )
+    checkpoint = harness.ScaleCheckpoint(model)
+    checkpoint.load(scales)
+    return model, checkpoint
 
 
-@follows_reload
-def test_layers_with_checkpoint_scales_own_their_tables(tmp_path):
-    model = checkpoint_model(tmp_path, [(0.5, 0.25)] * 3)
-    bindings = bind(model)
-    assert len({t.data_ptr() for b in bindings for t in b}) == 6  # equal scales, own tables
-    for (k_table, v_table), layer in zip(bindings, model.layers.values(), strict=True):
-        # The final scales vLLM computed (doubled on gfx942's e4m3fnuz).
-        assert torch.all(k_table == layer._k_scale_float)
-        assert torch.all(v_table == layer._v_scale_float)
-
-
-@follows_reload
 def test_a_weight_reload_refills_the_tables_the_captured_step_reads(tmp_path, kernels):
-    """After a reload (no eager forward in between), the next build() refills, in place,
-    the very tensors the earlier step handed the kernel as K_QScale/V_QScale (what a
-    captured CUDA graph holds); the next asm decode matches fp32 at the new scales."""
-    model = checkpoint_model(tmp_path, [(0.5, 0.25), (1.0, 0.5)])
+    """After vLLM's weight reload (no eager forward in between), the next build() refills,
+    in place, the very tensors the earlier step handed the kernel as K_QScale/V_QScale
+    (what a captured CUDA graph holds); the next asm decode matches fp32 at the new
+    scales, and the other layer's tables are left as they were."""
+    model, checkpoint = fp8_checkpoint(tmp_path, [(0.5, 0.25), (1.0, 0.5)])
     first, second = model.names
     batch = harness.make_batch(model, [40] * 16)
     harness.fill_context(model, batch)
@@ -123,28 +117,66 @@ def test_a_weight_reload_refills_the_tables_the_captured_step_reads(tmp_path, ke
     captured = harness.asm_calls()[-1]
     k_table, v_table = captured["K_QScale"], captured["V_QScale"]
     old_second = harness.scale_tables(model.builder, second)
+    checkpoint.reload([(2.0, 1.0), (1.0, 0.5)])
     layer = model.layers[first]
-    new_k, new_v = 2 * layer._k_scale_float, 4 * layer._v_scale_float
-    reload_scales(layer, new_k, new_v)
     batch = harness.make_batch(model, [40] * 16, seed=1)
     harness.fill_context(model, batch)  # the cache holds tokens at the new scales
     metadata = model.builder.build(0, batch.common)
     assert metadata.use_asm_decode
-    assert torch.all(k_table == new_k) and torch.all(v_table == new_v)  # refilled in place
+    assert torch.all(k_table == layer._k_scale_float) and torch.all(v_table == layer._v_scale_float)
     out = harness.run_layer(model, first, batch, metadata)
     call = harness.asm_calls()[-1]
-    assert call["K_QScale"] is k_table or call["K_QScale"].data_ptr() == k_table.data_ptr()
+    assert call["K_QScale"].data_ptr() == k_table.data_ptr()
     torch.testing.assert_close(
         out.float(), harness.reference(model, batch, layer), atol=2e-2, rtol=0
     )
-    # The other layer's tables are untouched.
-    assert [t.data_ptr() for t in harness.scale_tables(model.builder, second)] == [
-        t.data_ptr() for t in old_second
-    ]
+    now_second = harness.scale_tables(model.builder, second)
+    assert [t.data_ptr() for t in now_second] == [t.data_ptr() for t in old_second]
     assert torch.all(old_second[0] == model.layers[second]._k_scale_float)
 
 
-@follows_reload
+def test_a_reload_moving_every_layer_to_one_scale_is_followed(tmp_path, kernels, plugin_log):
+    """Layers of one scale (in stage 1, one shared K and one V table), all moved by vLLM's
+    reload to one new scale: their tables are refilled, every layer decodes on asm and
+    matches fp32 at the new scales, and no error is logged."""
+    model, checkpoint = fp8_checkpoint(tmp_path, [(0.5, 0.25)] * 3)
+    model.builder.build(0, harness.make_batch(model, [40] * 16).common)
+    checkpoint.reload([(1.5, 0.75)] * 3)
+    batch = harness.make_batch(model, [40] * 16, seed=2)
+    harness.fill_context(model, batch)
+    metadata = model.builder.build(0, batch.common)
+    for name, layer in model.layers.items():
+        out = harness.run_layer(model, name, batch, metadata)
+        torch.testing.assert_close(
+            out.float(), harness.reference(model, batch, layer), atol=2e-2, rtol=0
+        )
+    assert len(harness.asm_calls()) == 3
+    assert not any("different scales" in m for m in plugin_log)
+
+
+@pytest.mark.skipif(not harness.IN_TREE, reason="the plugin gives such layers their own tables")
+def test_a_diverging_reload_of_allocated_shared_tables_sends_those_layers_to_hip(
+    tmp_path, kernels, plugin_log, monkeypatch
+):
+    """Stage 1 shares tables by value (so does stage 3 where tables are allocated): one
+    layer reloaded to another scale than the others of its table cannot be right in a
+    captured graph. One error line names the layers and says what to do; their eager
+    steps run the HIP decode; layers of untouched tables keep asm."""
+    stock = harness.spy_stock_path(monkeypatch)
+    model, checkpoint = fp8_checkpoint(tmp_path, [(0.5, 0.25)] * 2 + [(1.0, 0.5)])
+    model.builder.build(0, harness.make_batch(model, [40] * 16).common)
+    checkpoint.reload([(0.5, 0.25), (2.0, 0.25), (1.0, 0.5)])
+    batch = harness.make_batch(model, [40] * 16, seed=3)
+    metadata = model.builder.build(0, batch.common)
+    (line,) = [m for m in plugin_log if "different scales" in m]
+    first, second, third = model.names
+    assert f"{first}, {second} now decode on HIP" in line and "restart vLLM" in line
+    assert harness.asm_layers(model.builder) == {third}
+    for name in model.names:
+        harness.run_layer(model, name, batch, metadata)
+    assert len(harness.asm_calls()) == 1 and harness.stock_layers(stock, model) == [first, second]
+
+
 def test_no_reload_no_refill_and_the_check_reads_nothing_on_the_device(tmp_path, monkeypatch):
     from op_audit import OpRecorder
 
@@ -158,7 +190,6 @@ def test_no_reload_no_refill_and_the_check_reads_nothing_on_the_device(tmp_path,
     assert not any("fill" in str(op) for op in ops.ops)
 
 
-@follows_reload
 def test_a_builder_releases_its_tables(tmp_path):
     """vLLM drops the builders of its CUDA-graph profiling pass: their tables go with
     them instead of outliving the pass."""
@@ -177,7 +208,8 @@ def test_in_vllm_allocated_tables_stay_shared_by_value(tmp_path):
     model = checkpoint_model(tmp_path, [(0.5, 0.25)] * 3)
     bindings = bind(model)
     assert len({t.data_ptr() for b in bindings for t in b}) == 2
-    assert model.builder.asm_tables.owners == [] and model.builder.asm_tables.aliased is False
+    tables = model.builder._asm_tables
+    assert tables.owners == [] and tables.aliased is False
 
 
 def test_the_driver_library_is_the_loaded_copy_named_as_it_is(tmp_path):

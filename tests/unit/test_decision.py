@@ -76,7 +76,6 @@ class Layer:
     sinks: bool = False
     decoder: bool = True
     dense_pages: bool = True
-    max_model_len: int = 40960
     num_blocks: int = 64
 
     def build(self):
@@ -104,7 +103,7 @@ class Layer:
             kv_cache = torch.empty(2, *shape, dtype=dtype, device="meta").transpose(0, 1)
         else:
             kv_cache = torch.empty(shape[0], 2, *shape[1:], dtype=dtype, device="meta")
-        model = SimpleNamespace(dtype=self.query_dtype, max_model_len=self.max_model_len)
+        model = SimpleNamespace(dtype=self.query_dtype)
         return impl, kv_cache, model
 
     def reasons(self, arch: str = "gfx950", aiter: AiterBuild | None = None) -> list[str]:
@@ -129,7 +128,6 @@ layers = st.builds(
     sinks=st.booleans(),
     decoder=st.booleans(),
     dense_pages=st.booleans(),
-    max_model_len=st.sampled_from([4096, 40960, 131072, 131073, 262144]),
     num_blocks=st.sampled_from([4, 65536, 65537, 183104]),
 )
 aiters = st.builds(AiterBuild, version=st.sampled_from(list(AITER_VERSIONS)), trusted=st.booleans())
@@ -149,7 +147,6 @@ def oracle_layer_ok(f: Layer, arch: str, aiter: AiterBuild) -> bool:
         and not (f.sliding_window or f.alibi or f.logits_soft_cap or f.sinks)
         and f.decoder
         and f.dense_pages
-        and f.max_model_len <= 131072
         and (f.num_blocks <= 65536 or aiter.trusted or AITER_VERSIONS[aiter.version])
     )
 
@@ -229,7 +226,6 @@ def test_every_rejection_names_its_reason(layer):
         (layer.sinks, "sinks"),
         (layer.alibi, "ALiBi"),
         (not layer.dense_pages, "not dense"),
-        (layer.max_model_len > 131072, f"max_model_len {layer.max_model_len}"),
     ):
         assert not wrong or any(part in r for r in reasons), (part, reasons)
     # fp16 waits for doctor's probe whatever else a layer lacks (UNFIXED is not trusted):
@@ -237,7 +233,8 @@ def test_every_rejection_names_its_reason(layer):
     assert (FP16_UNPROVEN in reasons) == (layer.query_dtype == torch.float16)
     # The guards (AITER's block-id clause among them) speak only where the core admits:
     # then a cache past 65536 blocks on an AITER without the fix is named.
-    if not asm_decode_rejections(*layer.build(), "gfx950") and layer.num_blocks > 65536:
+    impl, kv_cache, model = layer.build()
+    if not asm_decode_rejections(impl, kv_cache, model.dtype, True) and layer.num_blocks > 65536:
         assert any(f"this cache has {layer.num_blocks} blocks" in r for r in reasons), reasons
 
 
@@ -280,7 +277,6 @@ def test_every_failed_clause_is_reported_not_just_the_first():
         scale=0.0625,
         sliding_window=True,
         dense_pages=False,
-        max_model_len=262144,
     )
     reasons = layer.reasons()
     for part in (
@@ -291,10 +287,9 @@ def test_every_failed_clause_is_reported_not_just_the_first():
         "softmax scale 0.0625",
         "sliding window",
         "not dense",
-        "max_model_len 262144",
     ):
         assert any(part in r for r in reasons), (part, reasons)
-    assert len(reasons) == 8
+    assert len(reasons) == 7
 
 
 @pytest.mark.parametrize(
@@ -337,20 +332,26 @@ def test_missing_kernel_file_is_named():
 
 
 def test_unknown_and_other_archs_are_named():
-    assert Layer().reasons("") == ["GPU unknown"]
-    assert Layer().reasons("gfx1250") == ["GPU gfx1250"]
+    assert Layer().reasons("") == ["a GPU other than gfx942/gfx950 (unknown)"]
+    assert Layer().reasons("gfx1250") == ["a GPU other than gfx942/gfx950 (gfx1250)"]
 
 
-def test_core_rule_alone_takes_gqa_up_to_8_on_gfx942_and_gfx950():
+@pytest.mark.parametrize(
+    ("layer", "on_mi3xx", "ok"),
+    [
+        (Layer(num_kv_heads=8), True, True),
+        (Layer(num_kv_heads=5), True, True),
+        (Layer(num_heads=72, num_kv_heads=8), True, False),  # GQA 9: no uhp kernel
+        (Layer(num_kv_heads=4), True, False),  # GQA 10
+        (Layer(num_kv_heads=8), False, False),
+        (Layer(head_size=256, num_heads=16, num_kv_heads=8), True, False),  # 1/sqrt(128)
+    ],
+    ids=["gqa-5", "gqa-8", "gqa-9", "gqa-10", "other-gpu", "head-256"],
+)
+def test_core_rule_alone_takes_gqa_up_to_8_and_head_size_128(layer, on_mi3xx, ok):
     """Without the plugin's guards (the in-tree rule): the constants decide."""
-    for arch, num_kv_heads, ok in (
-        ("gfx942", 8, True),
-        ("gfx950:sramecc+:xnack-", 5, True),
-        ("gfx950", 4, False),
-        ("gfx90a", 8, False),
-    ):
-        impl, kv_cache, model = Layer(num_kv_heads=num_kv_heads).build()
-        assert (asm_decode_rejections(impl, kv_cache, model, arch) == []) is ok, arch
+    impl, kv_cache, model = layer.build()
+    assert (asm_decode_rejections(impl, kv_cache, model.dtype, on_mi3xx) == []) is ok
 
 
 def test_the_call_passes_the_block_tables_row_stride():

@@ -193,15 +193,15 @@ def test_a_symlinked_file_is_replaced_not_written_through(tree, tmp_path):
     upstream.apply(tree)
     assert outside.read_bytes() == original
     assert not (tree / upstream.ROCM_ATTN).is_symlink()
-    assert "def asm_decode_rejections(" in (tree / upstream.ROCM_ATTN).read_text()
+    assert "def _asm_decode_rejections(" in (tree / upstream.ROCM_ATTN).read_text()
 
 
 @pytest.mark.parametrize(
     ("old", "new", "where"),
     [
         (
-            "# ROCM_ATTN's own builder only: the backends built on it keep their decode.",
-            "# ROCM_ATTN's own builder only.",
+            "self._asm_cut = 0  # set when the layers are bound, at the first build()",
+            "self._asm_cut = 0  # set at the first build()",
             "RocmAttentionMetadataBuilder.__init__",
         ),
         (
@@ -268,20 +268,30 @@ def _statements(source: str) -> list[str]:
 @pytest.mark.parametrize("module", ["core", "mixed"])
 def test_the_written_rule_is_the_runtime_modules_code(applied, module):
     """Everything below the imports of core.py (stage 1) and mixed.py (stage 2) is in
-    rocm_attn.py, statement for statement and byte for byte."""
+    rocm_attn.py, statement for statement and byte for byte, its names private there
+    and the plugin's own call (``asm_decode``) left out."""
     root, stage = applied
     if module == "mixed" and stage < 2:
         pytest.skip("stage 2 writes mixed.py")
-    from vllm_rocm_asm_decode.tools.upstream.stages import runtime_block
+    from vllm_rocm_asm_decode.tools.upstream.stages import (
+        PLUGIN_ONLY,
+        privatized,
+        runtime_block,
+        without_plugin_only,
+    )
 
-    block, _ = runtime_block(module)
+    raw, _ = runtime_block(module)
+    block = privatized(without_plugin_only(raw))
+    if module == "core":
+        assert all(f"def {name}(" in raw and f"def {name}(" not in block for name in PLUGIN_ONLY)
+        assert "_ASM_BLOCK_SIZE, _ASM_HEAD_SIZE" in block and "\nASM_" not in block
     written = (root / upstream.ROCM_ATTN).read_text()
     assert block in written
     expected = _statements(block)
     found = _statements(written)
     start = found.index(expected[0])
     assert found[start : start + len(expected)] == expected
-    runtime = (RUNTIME / f"{module}.py").read_text()
+    runtime = privatized(without_plugin_only((RUNTIME / f"{module}.py").read_text()))
     assert (
         _statements(block)
         == [

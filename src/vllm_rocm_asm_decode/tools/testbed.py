@@ -400,6 +400,53 @@ def reference(model: Model, batch: Batch, layer, fp8: bool = True) -> torch.Tens
     return out
 
 
+class ScaleCheckpoint(torch.nn.Module):
+    """A model's attention layers as vLLM's loader and its weight reload see them, for
+    their KV scales alone. The layers must be built with an fp8 checkpoint's quantization
+    config (``layer_kwargs=[{"quant_config": Fp8Config()}] * n``); loading and reloading
+    then run vLLM's own code (``process_weights_after_loading``, ``reload_weights``),
+    which copies a reload's scales into the layers' scale tensors in place."""
+
+    def __init__(self, model: Model) -> None:
+        from vllm.model_executor.model_loader.reload import record_metadata_for_reloading
+
+        super().__init__()
+        self.attn = torch.nn.ModuleList(model.layers.values())
+        self._model = model
+        record_metadata_for_reloading(self)
+
+    def _weights(self, scales: Sequence[tuple[float, float]]) -> list[tuple[str, Any]]:
+        return [
+            (f"attn.{i}.{side}_scale", torch.tensor(scale))
+            for i, pair in enumerate(scales)
+            for side, scale in zip("kv", pair, strict=True)
+        ]
+
+    def load_weights(self, weights) -> set[str]:
+        """What a model's ``load_weights`` does: each tensor to its parameter's loader."""
+        names = set()
+        for name, tensor in weights:
+            param = self.get_parameter(name)
+            param.weight_loader(param, tensor)
+            names.add(name)
+        return names
+
+    def load(self, scales: Sequence[tuple[float, float]]) -> None:
+        """The first load: per-layer (K, V) scales, then vLLM's post-load step."""
+        from vllm.model_executor.model_loader.utils import process_weights_after_loading
+
+        self.load_weights(self._weights(scales))
+        config = self._model.vllm_config.model_config
+        process_weights_after_loading(self, config, torch.device(self._model.device))
+
+    def reload(self, scales: Sequence[tuple[float, float]]) -> None:
+        """vLLM's in-place weight reload of these scales."""
+        from vllm.model_executor.model_loader.reload.inplace import reload_weights
+
+        weights = iter(self._weights(scales))
+        reload_weights(self._model.vllm_config, self, weights, None, True)
+
+
 def load_checkpoint_scales(layer, k_scale: float, v_scale: float) -> None:
     """Per-tensor KV scales as a checkpoint gives them, finalized by vLLM's own
     post-load step (which doubles them for gfx942's e4m3fnuz format)."""

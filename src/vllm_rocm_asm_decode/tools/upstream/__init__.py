@@ -46,6 +46,7 @@ from .stages import (
     ROCM_ATTN,
     SCALE_TABLES,
     STAGES,
+    privatized,
 )
 
 __all__ = [
@@ -198,7 +199,8 @@ def render_kernel_test(source: str | None = None) -> str:
             del lines[node.lineno - 1 : node.end_lineno or node.lineno]
             src.text = "\n".join(lines)
             for alias in node.names:
-                src.ensure_import(_TEST_IMPORTS[module], alias.name)
+                src.ensure_import(_TEST_IMPORTS[module], privatized(alias.name))
+    src.text = privatized(src.text)  # the names stage 1 writes are private in vLLM
     return SPDX + src.text
 
 

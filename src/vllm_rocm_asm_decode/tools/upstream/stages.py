@@ -22,6 +22,8 @@ run when another version of it is.
 from __future__ import annotations
 
 import ast
+import functools
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -95,8 +97,51 @@ def add_block_after(src: Source, anchor: ast.stmt, block: str, marker: str) -> N
         src.insert_after_line(anchor.end_lineno or anchor.lineno, "\n\n" + block)
 
 
+#: The runtime modules written into ``rocm_attn.py``; every name they define is private
+#: there (``ASM_BLOCK_SIZE`` becomes ``_ASM_BLOCK_SIZE``): no other module needs it.
+IN_TREE_MODULES = ("core", "mixed")
+
+
+@functools.cache
+def in_tree_names() -> tuple[str, ...]:
+    """The names :data:`IN_TREE_MODULES` define at module level."""
+    names = []
+    for module in IN_TREE_MODULES:
+        tree = ast.parse((_RUNTIME_DIR / f"{module}.py").read_text(encoding="utf-8"))
+        for node in tree.body:
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                names.append(node.name)
+            elif isinstance(node, ast.Assign):
+                for target in node.targets:
+                    elts = target.elts if isinstance(target, ast.Tuple) else [target]
+                    names += [t.id for t in elts if isinstance(t, ast.Name)]
+    return tuple(names)
+
+
+def privatized(text: str) -> str:
+    """``text`` with every name of :func:`in_tree_names` made private (not attributes:
+    ``metadata.use_asm_decode`` stays)."""
+    pattern = r"(?<![.\w])(" + "|".join(map(re.escape, in_tree_names())) + r")\b"
+    return re.sub(pattern, r"_\1", text)
+
+
+#: Runtime functions vLLM does not get: ``forward`` there calls the kernel itself.
+PLUGIN_ONLY = ("asm_decode",)
+
+
+def without_plugin_only(block: str) -> str:
+    """``block`` without the top-level functions :data:`PLUGIN_ONLY` names."""
+    tree = ast.parse(block)
+    lines = block.split("\n")
+    for node in reversed(tree.body):
+        if isinstance(node, ast.FunctionDef) and node.name in PLUGIN_ONLY:
+            del lines[node.lineno - 1 : node.end_lineno]
+    return "\n".join(lines).strip("\n").replace("\n\n\n\n\n", "\n\n\n")
+
+
 def add_runtime_block(src: Source, module: str, after: Callable[[], ast.stmt]) -> None:
     block, imports = runtime_block(module)
+    block = privatized(without_plugin_only(block))
     for name, item, alias in imports:
         src.ensure_import(name, item, alias)
     first_def = next(line for line in block.split("\n") if line.startswith(("def ", "class ")))
@@ -122,71 +167,104 @@ def _logger(src: Source) -> ast.stmt:
 
 
 _METADATA_FIELDS = """\
-    # pa_fwd_asm decodes this step, for the layers it has scale tables of.
-    use_asm_decode: bool = False
-    asm_scales: AsmScales = field(default_factory=dict)"""
+    use_asm_decode: bool = False  # pa_fwd_asm decodes this step,
+    asm_scales: dict = field(default_factory=dict)  # for layers with (K, V) tables"""
 
 _BUILDER_INIT = """\
 
-        # ROCM_ATTN's own builder only: the backends built on it keep their decode.
-        self.asm_decode_enabled = type(self) is RocmAttentionMetadataBuilder and bool(
-            rocm_aiter_ops.is_mha_enabled()
-        )
-        self.asm_scales: AsmScales | None = None"""
+        self._asm_cut = 0  # set when the layers are bound, at the first build()
+        self._asm_scales: dict[torch.nn.Module, tuple] = {}  # K, V tables and scales"""
 
-_BUILDER_BIND = _STAGE_1_BIND = """\
+_STAGE_1_TABLES = """\
+            for scale in set(scales) - tables.keys():
+                tables[scale] = torch.full(
+                    shape, scale, dtype=torch.float32, device=self.device
+                )
+            self._asm_scales[layer] = (tables[scales[0]], tables[scales[1]], *scales)
+"""
+
+_STAGE_1_BIND = (
+    """\
 
     def _bind_asm_decode(self) -> None:
-        \"\"\"Map each layer pa_fwd_asm can decode to its per-slot scale tables.\"\"\"
-        from vllm.platforms.rocm import _GCN_ARCH
-        from vllm.v1.attention.backends.rocm_aiter_fa import (
-            AiterFlashAttentionMetadataBuilder,
-        )
+        \"\"\"Give each layer pa_fwd_asm can decode its per-slot scale tables.\"\"\"
+        from vllm.platforms.rocm import on_mi3xx
 
-        tables = AiterFlashAttentionMetadataBuilder.asm_kv_scale_tables
         layers = self.vllm_config.compilation_config.static_forward_context
-        self.asm_cut = ASM_HEADS_PER_CU * num_compute_units(self.device.index or 0)
-        self.asm_scales = {}
+        dtype, mi3xx = self.vllm_config.model_config.dtype, on_mi3xx()
+        self._asm_cut = _ASM_HEADS_PER_CU * num_compute_units(self.device.index or 0)
+        tables: dict[float, torch.Tensor] = {}
         for layer in (layers[name] for name in self.layer_names):
-            reasons = asm_decode_rejections(
-                layer.impl, layer.kv_cache, self.vllm_config.model_config, _GCN_ARCH
-            )
+            reasons = _asm_decode_rejections(layer.impl, layer.kv_cache, dtype, mi3xx)
             if reasons:
                 logger.debug_once("ROCM_ATTN: HIP decode for %s", ", ".join(reasons))
                 continue
-            shape = (layer.kv_cache.shape[0], layer.impl.num_kv_heads, ASM_BLOCK_SIZE)
-            self.asm_scales[layer] = (
-                tables.get(self.device, *shape, layer._k_scale_float),
-                tables.get(self.device, *shape, layer._v_scale_float),
+            shape = (layer.kv_cache.shape[0], layer.impl.num_kv_heads, _ASM_BLOCK_SIZE)
+            scales = (layer._k_scale_float, layer._v_scale_float)
+"""
+    + _STAGE_1_TABLES
+    + """\
+        n = len(self._asm_scales)
+        logger.info_once("asm decode above %d query heads: %d layers", self._asm_cut, n)
+"""
+)
+
+_STAGE_1_RELOAD = """\
+
+    def _follow_asm_reload(self) -> None:
+        \"\"\"After a reload, refill in place (graphs hold them) the scale tables.\"\"\"
+        now = {x: (x._k_scale_float, x._v_scale_float) for x in self._asm_scales}
+        wanted: dict[torch.Tensor, set[float]] = {}
+        for layer, tables in self._asm_scales.items():
+            for table, scale in zip(tables[:2], now[layer], strict=True):
+                wanted.setdefault(table, set()).add(scale)
+        for table, scales in wanted.items():
+            if len(scales) == 1:  # else its layers diverged: they keep HIP
+                table.fill_(*scales)
+        split = {table for table, scales in wanted.items() if len(scales) > 1}
+        stale = [x for x, t in self._asm_scales.items() if split.intersection(t[:2])]
+        if stale:
+            logger.error(
+                "A weight reload gave layers sharing KV scale tables different scales: "
+                "%s now decode on HIP, CUDA graphs keep the old scales; restart vLLM",
+                ", ".join(x.layer_name for x in stale),
             )
-        if self.asm_scales:
-            logger.info_once("ROCM_ATTN: asm decode above %d query heads", self.asm_cut)"""
+        self._asm_scales = {
+            x: (*t[:2], *now[x]) for x, t in self._asm_scales.items() if x not in stale
+        }"""
+
+_BUILDER_BIND = _STAGE_1_BIND + _STAGE_1_RELOAD
 
 _BUILD_DECIDE = """\
-        if self.asm_decode_enabled and self.asm_scales is None:
+        if (
+            not self._asm_cut
+            and type(self) is RocmAttentionMetadataBuilder  # not those built on it
+            and rocm_aiter_ops.is_mha_enabled()
+        ):
             self._bind_asm_decode()
-        use_asm = bool(self.asm_scales) and use_asm_decode(
-            common_attn_metadata, self.num_heads_q, self.num_heads_kv, self.asm_cut
+        elif [t[2:] for t in self._asm_scales.values()] != [
+            (x._k_scale_float, x._v_scale_float) for x in self._asm_scales
+        ]:
+            self._follow_asm_reload()
+        use_asm = bool(self._asm_scales) and _use_asm_decode(
+            common_attn_metadata, self.num_heads_q, self.num_heads_kv, self._asm_cut
         )
 """
-
-_CAPTURE_DECIDE = """\
-        # A graph replays its kernel for any lengths: the cut alone decides.
-        attn_metadata.use_asm_decode = bool(self.asm_scales) and use_asm_decode(
-            common_attn_metadata, self.num_heads_q, self.num_heads_kv, self.asm_cut, 0
-        )"""
 
 _FORWARD_ASM = """\
         scales = attn_metadata.asm_scales.get(layer)
         if attn_metadata.use_asm_decode and scales and output_scale is None:
-            asm_decode(
-                query[:num_actual_tokens],
-                key_cache,
-                value_cache,
-                block_table,
-                seqused_k,
-                scales,
-                output[:num_actual_tokens],
+            rocm_aiter_ops.pa_fwd_asm(
+                Q=query[:num_actual_tokens],
+                K=key_cache,
+                V=value_cache.unsqueeze(2),
+                block_tables=block_table,
+                context_lens=seqused_k,
+                block_tables_stride0=block_table.stride(0),
+                K_QScale=scales[0],
+                V_QScale=scales[1],
+                out_=output[:num_actual_tokens],
+                high_precision=_ASM_PRECISION,
             )
             return output
 """
@@ -198,16 +276,18 @@ def stage1_rocm_attn(src: Source) -> None:
     add_runtime_block(src, "core", lambda: _logger(src))
 
     metadata = src.find("RocmAttentionMetadata")
-    _append_to_body(
-        src, metadata, _METADATA_FIELDS, "use_asm_decode:", "RocmAttentionMetadata", lead="\n"
-    )
+    _append_to_body(src, metadata, _METADATA_FIELDS, "use_asm_decode:", "RocmAttentionMetadata")
 
     builder = "RocmAttentionMetadataBuilder"
     init = src.find_def(builder, "__init__")
-    _append_to_body(src, init, _BUILDER_INIT, "asm_decode_enabled", f"{builder}.__init__")
+    _append_to_body(src, init, _BUILDER_INIT, "self._asm_cut", f"{builder}.__init__")
     init = src.find_def(builder, "__init__")
     if not src.carries(
-        _BUILDER_BIND, "def _bind_asm_decode", None, builder, later=(_STAGE_3_BIND,)
+        _BUILDER_BIND,
+        "def _bind_asm_decode",
+        None,
+        builder,
+        later=(_STAGE_3_BIND + _STAGE_1_RELOAD,),
     ):
         src.insert_after_line(init.end_lineno or init.lineno, _BUILDER_BIND)
 
@@ -219,7 +299,7 @@ def stage1_rocm_attn(src: Source) -> None:
     keywords = {k.arg: k for k in call.keywords}
     for item, after in (
         ("use_asm_decode=use_asm", "causal"),
-        ("asm_scales=self.asm_scales or {}", "use_asm_decode"),
+        ("asm_scales=self._asm_scales", "use_asm_decode"),
     ):
         if f"{item}," not in src.segment(call):
             if after not in keywords:
@@ -228,14 +308,6 @@ def stage1_rocm_attn(src: Source) -> None:
             call = _metadata_call(src, src.find_def(builder, "build"), where)
             keywords = {k.arg: k for k in call.keywords}
 
-    capture = src.find_def(builder, "build_for_cudagraph_capture")
-    where = f"{builder}.build_for_cudagraph_capture"
-    if not src.carries(_CAPTURE_DECIDE, "use_asm_decode(", capture, where):
-        anchor = src.statement(
-            capture, "attn_metadata = self.build(0, common_attn_metadata)", where
-        )
-        src.insert_after_line(anchor.end_lineno or anchor.lineno, _CAPTURE_DECIDE)
-
     forward = src.find_def("RocmAttentionImpl", "forward")
     where = "RocmAttentionImpl.forward"
     if not src.carries(_FORWARD_ASM, "asm_decode(", forward, where):
@@ -243,7 +315,7 @@ def stage1_rocm_attn(src: Source) -> None:
         if "output_scale" not in names or "layer" not in names:
             raise src.moved(f"{where}({', '.join(names)}) has no layer or output_scale")
         call = src.call_statement(forward, "chunked_prefill_paged_decode", where)
-        src.insert_after_line(src.comment_start(call) - 1, _FORWARD_ASM)
+        src.insert_after_line(src.comment_start(call) - 1, _FORWARD_ASM.rstrip("\n"))
 
 
 def _metadata_assignment(src: Source, build: ast.FunctionDef) -> str:
@@ -324,26 +396,27 @@ def stage1_aiter_ops(src: Source) -> None:
 # Stage 2
 
 
-_SPLIT_FIELD = "    asm_split: AsmDecodeSplit | None = None"
+_SPLIT_FIELD = "    asm_split: _AsmDecodeSplit | None = None"
 
 _SPLIT_INIT = """\
         if (
-            self.asm_decode_enabled
-            and asm_split_off(vllm_config) is None
-            and asm_split_reorders(kv_cache_spec, vllm_config.cache_config.cache_dtype)
+            type(self) is RocmAttentionMetadataBuilder
+            and rocm_aiter_ops.is_mha_enabled()
+            and _asm_split_off(vllm_config) is None
+            and _asm_split_reorders(kv_cache_spec, vllm_config.cache_config.cache_dtype)
         ):
             # Decodes first, so that a mixed step splits at one boundary.
             self._init_reorder_batch_threshold(1)"""
 
 _SPLIT_BUILD = """\
         asm_split = None
-        if self.asm_scales:
-            asm_split = split_asm_decode(
+        if self._asm_scales:
+            asm_split = _split_asm_decode(
                 common_attn_metadata,
                 self.vllm_config,
                 self.num_heads_q,
                 self.num_heads_kv,
-                self.asm_cut,
+                self._asm_cut,
             )
 """
 
@@ -361,14 +434,17 @@ _SPLIT_FORWARD = """\
 
 _SPLIT_DECODE = """\
         if scales and split is not None:
-            asm_decode(
-                query[: split.num_decodes],
-                key_cache,
-                value_cache,
-                split.decode_block_table,
-                split.decode_seq_lens,
-                scales,
-                output[: split.num_decodes],
+            rocm_aiter_ops.pa_fwd_asm(
+                Q=query[: split.num_decodes],
+                K=key_cache,
+                V=value_cache.unsqueeze(2),
+                block_tables=split.decode_block_table,
+                context_lens=split.decode_seq_lens,
+                block_tables_stride0=split.decode_block_table.stride(0),
+                K_QScale=scales[0],
+                V_QScale=scales[1],
+                out_=output[: split.num_decodes],
+                high_precision=_ASM_PRECISION,
             )
 """
 
@@ -379,18 +455,18 @@ _PREFILL_ONLY = """\
 
 
 def stage2_rocm_attn(src: Source) -> None:
-    add_runtime_block(src, "mixed", lambda: src.find("asm_decode"))
+    add_runtime_block(src, "mixed", lambda: src.find("_asm_decode_skewed"))
 
     metadata = src.find("RocmAttentionMetadata")
     _append_to_body(src, metadata, _SPLIT_FIELD, "asm_split:", "RocmAttentionMetadata")
 
     builder = "RocmAttentionMetadataBuilder"
     init = src.find_def(builder, "__init__")
-    _append_to_body(src, init, _SPLIT_INIT, "asm_split_reorders", f"{builder}.__init__")
+    _append_to_body(src, init, _SPLIT_INIT, "_asm_split_reorders", f"{builder}.__init__")
 
     build = src.find_def(builder, "build")
     where = f"{builder}.build"
-    _before_metadata(src, build, _SPLIT_BUILD, "split_asm_decode(", where)
+    _before_metadata(src, build, _SPLIT_BUILD, "_split_asm_decode(", where)
     call = _metadata_call(src, src.find_def(builder, "build"), where)
     keywords = {k.arg: k for k in call.keywords}
     if "asm_split=asm_split," not in src.segment(call):
@@ -459,40 +535,24 @@ def stage2_paged_decode(src: Source) -> None:
 # Stage 3
 
 
-# Stage 1's binding, on the builder's own aliased tables instead of FA's shared ones.
-_STAGE_1_TABLES = (
-    """\
-        from vllm.v1.attention.backends.rocm_aiter_fa import (
-            AiterFlashAttentionMetadataBuilder,
-        )
-""",
-    """\
-        tables = AiterFlashAttentionMetadataBuilder.asm_kv_scale_tables
-""",
-    """\
-            self.asm_scales[layer] = (
-                tables.get(self.device, *shape, layer._k_scale_float),
-                tables.get(self.device, *shape, layer._v_scale_float),
-            )
-""",
+# Stage 1's binding, with the tables from the shared helper (aliased; a layer's own
+# where its scales come from the checkpoint) instead of plain ones by value. Stage 1's
+# reload check refills them as it refilled its own.
+_STAGE_1_TABLES_DECL = "        tables: dict[float, torch.Tensor] = {}\n"
+_STAGE_3_BIND = _STAGE_1_BIND.replace(_STAGE_1_TABLES_DECL, "").replace(
+    _STAGE_1_TABLES,
+    "            tables = self._asm_tables.get(layer, shape)\n"
+    "            self._asm_scales[layer] = (*tables, *scales)\n",
 )
-_STAGE_3_BIND = (
-    _STAGE_1_BIND.replace(_STAGE_1_TABLES[0], "")
-    .replace(_STAGE_1_TABLES[1], "")
-    .replace(
-        _STAGE_1_TABLES[2],
-        "            self.asm_scales[layer] = self.asm_tables.get(layer, shape)\n",
-    )
-)
-assert all(part in _STAGE_1_BIND for part in _STAGE_1_TABLES)
+assert _STAGE_1_TABLES in _STAGE_1_BIND and _STAGE_1_TABLES_DECL in _STAGE_1_BIND
 
 _TABLES_INIT = """\
         # Per-slot scale tables for AITER's asm decode, released with this builder.
-        self.asm_tables = AsmScaleTables(device)"""
+        self._asm_tables = AsmScaleTables(device)"""
 
 _FOLLOW_RELOAD = """\
         # A weight reload sets new KV scales: their tables are refilled in place.
-        self.asm_tables.follow_reload()
+        self._asm_tables.follow_reload()
 """
 
 _FA_TABLES_LOOP = """\
@@ -500,7 +560,7 @@ _FA_TABLES_LOOP = """\
             layer = attn_layers[layer_name]
             shape = (layer.kv_cache.shape[0], self.num_heads_kv, self.block_size)
             k_scale_tables[layer_name], v_scale_tables[layer_name] = (
-                self.asm_tables.get(layer, shape)
+                self._asm_tables.get(layer, shape)
             )"""
 
 _FA_OLD_COMMENT = """\
@@ -517,16 +577,13 @@ def stage3_rocm_attn(src: Source) -> None:
     src.ensure_import("vllm.v1.attention.backends.asm_scale_tables", "AsmScaleTables")
     builder = "RocmAttentionMetadataBuilder"
     init = src.find_def(builder, "__init__")
-    _append_to_body(src, init, _TABLES_INIT, "self.asm_tables =", f"{builder}.__init__")
+    _append_to_body(src, init, _TABLES_INIT, "self._asm_tables =", f"{builder}.__init__")
     bind = src.find_def(builder, "_bind_asm_decode")
-    if not src.carries(_STAGE_3_BIND, "self.asm_tables.get(", bind, f"{builder}.bind"):
+    if not src.carries(_STAGE_3_BIND, "self._asm_tables.get(", bind, f"{builder}.bind"):
         start = (bind.decorator_list[0] if bind.decorator_list else bind).lineno
         if "    " + src.segment(bind) not in _STAGE_1_BIND:
             raise src.moved(f"{builder}._bind_asm_decode is not stage 1's")
-        src.replace_lines(start, bind.end_lineno or start, _STAGE_3_BIND.lstrip("\n"))
-    build = src.find_def(builder, "build")
-    where = f"{builder}.build"
-    _before_metadata(src, build, _FOLLOW_RELOAD, "follow_reload", where)
+        src.replace_lines(start, bind.end_lineno or start, _STAGE_3_BIND.strip("\n"))
 
 
 def stage3_rocm_aiter_fa(src: Source) -> None:
@@ -536,7 +593,7 @@ def stage3_rocm_aiter_fa(src: Source) -> None:
     builder = "AiterFlashAttentionMetadataBuilder"
     where = f"{builder}._build_asm_kv_scale_tables"
     tables = src.find_def(builder, "_build_asm_kv_scale_tables")
-    if not src.carries(_FA_TABLES_LOOP, "self.asm_tables.get(", tables, where):
+    if not src.carries(_FA_TABLES_LOOP, "self._asm_tables.get(", tables, where):
         loop = next(
             (
                 n
@@ -557,7 +614,7 @@ def stage3_rocm_aiter_fa(src: Source) -> None:
             raise src.moved(f"{where}: no early return")
         src.insert_after_line(src.comment_start(first) - 1, _FOLLOW_RELOAD.rstrip("\n"))
     init = src.find_def(builder, "__init__")
-    _append_to_body(src, init, _TABLES_INIT, "self.asm_tables =", f"{builder}.__init__")
+    _append_to_body(src, init, _TABLES_INIT, "self._asm_tables =", f"{builder}.__init__")
     # AsmKvScaleTables and the builder's class-wide instance of it are no longer used.
     cls = src.find(builder)
     store = next(

@@ -1,377 +1,247 @@
-"""ROCM_ATTN's asm decode: AITER's pa_fwd_asm (ultra precision) reading ROCM_ATTN's
-own fp8 KV cache, through the real metadata builder and forward, against the HIP decode
-and an fp32 reference. The kernel tests need a gfx942/gfx950 GPU with AITER; the
-rule's tests run anywhere."""
+"""ROCM_ATTN's asm decode: AITER's pa_fwd_asm (high_precision=2) on ROCM_ATTN's own fp8
+KV cache, through the metadata builder and forward, against fp32 and the HIP decode.
+The kernel tests need a gfx942/gfx950 GPU with AITER; the rule's tests run anywhere."""
 
 import json
-import math
-from dataclasses import replace
 from importlib.util import find_spec
-from types import SimpleNamespace
 
 import pytest
 import torch
 
-from vllm._aiter_ops import rocm_aiter_ops
-from vllm.config import (
-    CacheConfig,
-    DeviceConfig,
-    ModelConfig,
-    VllmConfig,
-    set_current_vllm_config,
-)
+from vllm import config as cfg
 from vllm.model_executor.layers.attention import Attention
+from vllm.model_executor.layers.quantization.fp8 import Fp8Config
+from vllm.model_executor.model_loader import reload, utils
 from vllm.platforms import current_platform
-from vllm.utils.platform_utils import num_compute_units
-from vllm.utils.torch_utils import set_random_seed
 from vllm.v1.attention.backend import CommonAttentionMetadata
 from vllm.v1.attention.backends.registry import AttentionBackendEnum
 from vllm.v1.attention.backends.rocm_attn import RocmAttentionImpl
-from vllm_rocm_asm_decode.core import ASM_HEADS_PER_CU, asm_decode_rejections
+from vllm.v1.attention.ops.paged_attn import PagedAttention
+from vllm_rocm_asm_decode.core import asm_decode_rejections, use_asm_decode
 
-#: Where the kernel tests' tensors live.
-DEVICE = "cuda"
-HEAD_SIZE = 128
-BLOCK_SIZE = 16
-LAYER = "model.layers.0.self_attn.attn"
-#: Per-tensor KV scales (not 1, so that a table of the wrong scale fails).
-K_SCALE, V_SCALE = 0.5, 2.0
-#: Error bounds vs fp32 on an fp8 cache: HIP max 0.0072; asm at high_precision=2 max
-#: 0.026 and mean 0.00078 (MI355X), with headroom for bf16/fp16 output rounding.
-HIP_MAX = 0.0072 * 2
-ASM_MAX, ASM_MEAN = 0.026 * 1.5, 0.00078 * 2
-# The original change's layouts, then every other GQA ratio the rule admits (1-8).
-LAYOUTS = [
-    (40, 8),
-    (32, 8),
-    (64, 8),
-    (32, 4),
-    (32, 32),
-    (16, 8),
-    (24, 8),
-    (48, 8),
-    (56, 8),
-]
+DEVICE, HEAD, BLOCK = "cuda", 128, 16
 CONTEXTS = [1, 15, 16, 17, 255, 1000, 4000]
+# Against fp32 on an fp8 cache (MI355X, with headroom): HIP max 0.0072; asm at
+# high_precision=2 max 0.026, mean 0.00078.
+HIP_MAX, ASM_MAX, ASM_MEAN = 0.0144, 0.039, 0.0016
 
 
 def _skip_reason() -> str | None:
-    """Why this machine cannot run the kernel tests (AITER is not imported)."""
     if not current_platform.is_rocm() or not torch.accelerator.is_available():
         return "needs an AMD GPU with ROCm"
     from vllm.platforms.rocm import on_mi3xx
 
-    if not on_mi3xx():
-        return "pa_fwd_asm's ultra-precision kernels exist on gfx942/gfx950 only"
-    if find_spec("aiter") is None:
-        return "needs AITER"
-    return None
+    return None if on_mi3xx() and find_spec("aiter") else "needs gfx942/gfx950, AITER"
 
 
 _SKIP = _skip_reason()
 requires_asm = pytest.mark.skipif(_SKIP is not None, reason=_SKIP or "")
 
 
-@pytest.fixture(autouse=True)
-def aiter_attention_on(monkeypatch):
-    """AITER's attention on, as deployments of the asm decode set it."""
-    monkeypatch.setenv("VLLM_ROCM_USE_AITER", "1")
-    monkeypatch.delenv("VLLM_ROCM_USE_AITER_MHA", raising=False)
-    rocm_aiter_ops.refresh_env_variables()
-    yield
-    monkeypatch.undo()
-    rocm_aiter_ops.refresh_env_variables()
+class Model(torch.nn.Module):
+    """One ROCM_ATTN layer of an fp8 checkpoint (its KV scales loaded, and reloaded, by
+    vLLM's loader), a random fp8 KV cache bound as vLLM binds it, and its builder."""
 
-
-def make_config(tmp_path, num_heads: int, num_kv_heads: int, dtype) -> VllmConfig:
-    """A Llama-shaped model (config only, no weights) with an fp8 cache of 16-token
-    blocks."""
-    model_dir = tmp_path / "model"
-    model_dir.mkdir(parents=True, exist_ok=True)
-    config = {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "hidden_size": num_heads * HEAD_SIZE,
-        "head_dim": HEAD_SIZE,
-        "num_attention_heads": num_heads,
-        "num_key_value_heads": num_kv_heads,
-        "num_hidden_layers": 1,
-        "intermediate_size": 1024,
-        "vocab_size": 1000,
-        "max_position_embeddings": 8192,
-        "rms_norm_eps": 1e-5,
-    }
-    (model_dir / "config.json").write_text(json.dumps(config))
-    model_config = ModelConfig(
-        model=str(model_dir), skip_tokenizer_init=True, dtype=dtype, max_model_len=8192
-    )
-    return VllmConfig(
-        model_config=model_config,
-        cache_config=CacheConfig(cache_dtype="fp8", block_size=BLOCK_SIZE),
-        device_config=DeviceConfig(device=DEVICE),
-    )
-
-
-class Setup:
-    """One ROCM_ATTN layer with a bound fp8 KV cache, and its metadata builder."""
-
-    def __init__(self, tmp_path, num_heads, num_kv_heads, dtype, num_blocks):
-        self.vllm_config = make_config(tmp_path, num_heads, num_kv_heads, dtype)
-        with set_current_vllm_config(self.vllm_config):
-            self.layer = Attention(
-                num_heads=num_heads,
-                head_size=HEAD_SIZE,
-                scale=HEAD_SIZE**-0.5,
-                num_kv_heads=num_kv_heads,
-                cache_config=self.vllm_config.cache_config,
-                prefix=LAYER,
-            )
-        self.layer.to(DEVICE)
-        self.layer._k_scale.fill_(K_SCALE)
-        self.layer._v_scale.fill_(V_SCALE)
-        self.layer._k_scale_float, self.layer._v_scale_float = K_SCALE, V_SCALE
-        # ROCM_ATTN's cache as vLLM binds it under LHBNC: a K group and a V group,
-        # each spanning every block, seen as [num_blocks, 2, block_size, heads].
-        groups = torch.zeros(
-            2,
-            num_blocks,
-            BLOCK_SIZE,
-            num_kv_heads * HEAD_SIZE,
-            dtype=torch.uint8,
-            device=DEVICE,
+    def __init__(
+        self, path, heads, kvh, num_blocks, dtype=torch.bfloat16, scales=(0.5, 2)
+    ):
+        super().__init__()
+        llama = {"architectures": ["LlamaForCausalLM"], "model_type": "llama"}
+        sizes = dict(hidden_size=heads * HEAD, num_attention_heads=heads, head_dim=HEAD)
+        sizes |= dict(num_key_value_heads=kvh, num_hidden_layers=1, vocab_size=1000)
+        (path / "config.json").write_text(json.dumps(llama | sizes))
+        model = cfg.ModelConfig(str(path), dtype=dtype, skip_tokenizer_init=True)
+        cache = cfg.CacheConfig(cache_dtype="fp8", block_size=BLOCK)
+        device = torch.device(DEVICE)
+        self.config = cfg.VllmConfig(
+            model, cache, device_config=cfg.DeviceConfig(device)
         )
-        self.layer.kv_cache = groups.transpose(0, 1)
+        with cfg.set_current_vllm_config(self.config):
+            self.attn = Attention(
+                heads, HEAD, HEAD**-0.5, kvh, cache_config=cache,
+                quant_config=Fp8Config(), prefix="model.layers.0.self_attn.attn",
+            )  # fmt: skip
+        reload.record_metadata_for_reloading(self)
+        self.load_weights(self.weights(scales))
+        utils.process_weights_after_loading(self, self.config.model_config, device)
+        self.to(device)
+        groups = torch.empty(2, num_blocks, BLOCK, kvh * HEAD, dtype=torch.uint8)
+        self.attn.kv_cache = groups.to(device).random_(0, 0x40).transpose(0, 1)
         backend = AttentionBackendEnum.ROCM_ATTN.get_class()
-        spec = backend.customize_spec(self.layer.get_kv_cache_spec(self.vllm_config))
-        self.builder = backend.get_builder_cls()(
-            spec, [LAYER], self.vllm_config, torch.device(DEVICE)
-        )
-        self.impl = self.layer.impl
-        self.dtype = dtype
-        self.num_blocks = num_blocks
+        spec = backend.customize_spec(self.attn.get_kv_cache_spec(self.config))
+        builder = backend.get_builder_cls()
+        self.builder = builder(spec, [self.attn.layer_name], self.config, device)
 
-    def fill(self, seq_lens, pages):
-        """Random K/V for every token, written by vLLM's cache writer; returns each
-        sequence's K and V as the fp8 cache holds them, in fp32."""
-        fp8 = current_platform.fp8_dtype()
-        contexts = []
-        for seq_len, blocks in zip(seq_lens, pages, strict=True):
-            shape = (seq_len, self.impl.num_kv_heads, HEAD_SIZE)
-            k = torch.randn(shape).to(self.dtype)
-            v = torch.randn(shape).to(self.dtype)
-            pos = torch.arange(seq_len)
-            slots = torch.tensor(blocks, dtype=torch.long)[pos // BLOCK_SIZE]
-            slots = slots * BLOCK_SIZE + pos % BLOCK_SIZE
-            self.impl.do_kv_cache_update(
-                self.layer,
-                k.to(DEVICE),
-                v.to(DEVICE),
-                self.layer.kv_cache,
-                slots.to(DEVICE),
-            )
-            k_fp8 = (k.float() / K_SCALE).to(fp8).float() * K_SCALE
-            v_fp8 = (v.float() / V_SCALE).to(fp8).float() * V_SCALE
-            contexts.append((k_fp8, v_fp8))
-        return contexts
+    def weights(self, scales):
+        k, v = scales
+        return [("attn.k_scale", torch.tensor(k)), ("attn.v_scale", torch.tensor(v))]
 
-    def step(self, seq_lens, pages, query_lens=None):
-        """A step's metadata from the builder (pure decode unless ``query_lens`` says
-        otherwise; null-block rows for padding requests, which have length 0)."""
-        n = len(seq_lens)
-        query_lens = query_lens or [1] * n
-        width = max(len(p) for p in pages) + 1
-        table = torch.zeros(n, width, dtype=torch.int32)
-        for i, blocks in enumerate(pages):
-            table[i, : len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
-        query_start_loc = torch.tensor([0, *query_lens], dtype=torch.int32).cumsum(0)
-        query_start_loc = query_start_loc.to(torch.int32)
-        num_tokens = sum(query_lens)
-        common = CommonAttentionMetadata(
-            query_start_loc=query_start_loc.to(DEVICE),
-            query_start_loc_cpu=query_start_loc,
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE),
-            num_reqs=n,
-            num_actual_tokens=num_tokens,
-            max_query_len=max(query_lens),
-            max_seq_len=max(seq_lens),
-            block_table_tensor=table.to(DEVICE),
-            slot_mapping=torch.full((num_tokens,), -1, dtype=torch.long, device=DEVICE),
-        )
-        return self.builder.build(0, common)
+    def load_weights(self, weights):
+        for name, tensor in weights:
+            self.get_parameter(name).weight_loader(self.get_parameter(name), tensor)
+        return {name for name, _ in weights}
 
-    def forward(self, query, metadata, out=None):
+    def run(self, query, metadata, out=None):
         out = torch.zeros_like(query) if out is None else out
-        new = torch.zeros(
-            query.shape[0],
-            self.impl.num_kv_heads,
-            HEAD_SIZE,
-            dtype=query.dtype,
-            device=query.device,
-        )
-        self.impl.forward(
-            self.layer, query, new, new, self.layer.kv_cache, metadata, out
+        kv = query[:, : self.attn.num_kv_heads]  # this step's K/V: not written
+        self.attn.impl.forward(
+            self.attn, query, kv, kv, self.attn.kv_cache, metadata, out
         )
         return out
 
-
-def random_pages(seq_lens, num_blocks):
-    """Distinct random blocks for each sequence (block 0 is vLLM's null block)."""
-    counts = [math.ceil(n / BLOCK_SIZE) for n in seq_lens]
-    free = (torch.randperm(num_blocks - 1) + 1).tolist()
-    starts = [sum(counts[:i]) for i in range(len(counts))]
-    return [free[a : a + c] for a, c in zip(starts, counts, strict=True)]
-
-
-def reference(query, contexts, scale):
-    """fp32 attention of each sequence's query token over its whole context."""
-    rows = []
-    for q, (k, v) in zip(query.float().cpu(), contexts, strict=True):
-        group = q.shape[0] // k.shape[1]
-        kk = k.repeat_interleave(group, dim=1)
-        vv = v.repeat_interleave(group, dim=1)
-        probs = torch.softmax(torch.einsum("hd,thd->ht", q, kk) * scale, dim=-1)
-        rows.append(torch.einsum("ht,thd->hd", probs, vv))
-    return torch.stack(rows)
-
-
-def above_the_cut(num_heads: int) -> int:
-    """The fewest sequences whose query heads are above the builder's cut."""
-    return ASM_HEADS_PER_CU * num_compute_units() // num_heads + 1
+    def reference(self, query, step):
+        """fp32 attention over the cache as vLLM lays it out, at the layer's scales."""
+        impl, fp8, rows = self.attn.impl, current_platform.fp8_dtype(), []
+        kvh, group = impl.num_kv_heads, impl.num_heads // impl.num_kv_heads
+        k, v = PagedAttention.split_kv_cache(
+            self.attn.kv_cache.transpose(0, 1), kvh, HEAD
+        )
+        for i, q in enumerate(query.float().cpu()):
+            n, pages = int(step.seq_lens_cpu_upper_bound[i]), step.block_table_tensor[i]
+            pages = pages[: -(-n // BLOCK)].cpu()
+            kk = k.view(fp8)[pages].float().cpu().permute(0, 3, 1, 2, 4).flatten(3)
+            vv = v.view(fp8)[pages].float().cpu().permute(0, 3, 1, 2)
+            kk = kk.reshape(-1, kvh, HEAD)[:n] * self.attn._k_scale_float
+            vv = vv.reshape(-1, kvh, HEAD)[:n] * self.attn._v_scale_float
+            s = torch.einsum("hd,thd->ht", q, kk.repeat_interleave(group, 1))
+            rows.append(torch.einsum("ht,thd->hd", (s * HEAD**-0.5).softmax(-1),
+                                     vv.repeat_interleave(group, 1)))  # fmt: skip
+        return torch.stack(rows)
 
 
-def decode_case(tmp_path, heads, kvh, dtype, seq_lens, num_blocks=None):
-    counts = sum(math.ceil(n / BLOCK_SIZE) for n in seq_lens)
-    setup = Setup(tmp_path, heads, kvh, dtype, num_blocks or counts + 1)
-    pages = random_pages(seq_lens, setup.num_blocks)
-    contexts = setup.fill(seq_lens, pages)
-    query = torch.randn(len(seq_lens), heads, HEAD_SIZE).to(DEVICE, dtype)
-    return setup, pages, contexts, query
+def common(seq_lens, pages, query_lens=None, device=None):
+    """A step's CommonAttentionMetadata, as vLLM's runner makes it."""
+    query_lens, device = query_lens or [1] * len(seq_lens), device or DEVICE
+    table = torch.zeros(len(pages), max(map(len, pages)) + 1, dtype=torch.int32)
+    for i, blocks in enumerate(pages):
+        table[i, : len(blocks)] = torch.tensor(blocks)
+    start = torch.tensor([0, *query_lens]).cumsum(0).to(torch.int32)
+    lens = torch.tensor(seq_lens, dtype=torch.int32)
+    return CommonAttentionMetadata(
+        query_start_loc=start.to(device),
+        query_start_loc_cpu=start,
+        seq_lens=lens.to(device),
+        seq_lens_cpu_upper_bound=lens,
+        num_reqs=len(seq_lens),
+        num_actual_tokens=sum(query_lens),
+        max_query_len=max(query_lens),
+        max_seq_len=max(seq_lens),
+        block_table_tensor=table.to(device),
+        slot_mapping=torch.full((sum(query_lens),), -1, device=device),
+    )
 
 
-@requires_asm
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
-@pytest.mark.parametrize(
-    ("heads", "kvh"), LAYOUTS, ids=[f"{h}-{k}" for h, k in LAYOUTS]
-)
-def test_asm_decode_matches_fp32_and_the_hip_decode(tmp_path, heads, kvh, dtype):
-    set_random_seed(0)
-    n = above_the_cut(heads)
+def decode(tmp_path, heads=40, kvh=8, **kw):
+    """A model and a decode step just above the cut, on distinct random pages."""
+    n = 2 * current_platform.num_compute_units() // heads + 1
     seq_lens = [CONTEXTS[i % len(CONTEXTS)] for i in range(n)]
-    setup, pages, contexts, query = decode_case(tmp_path, heads, kvh, dtype, seq_lens)
-    metadata = setup.step(seq_lens, pages)
+    free = (torch.randperm(sum(-(-s // BLOCK) for s in seq_lens)) + 1).tolist()
+    pages = [[free.pop() for _ in range(-(-s // BLOCK))] for s in seq_lens]
+    model = Model(tmp_path, heads, kvh, sum(map(len, pages)) + 1, **kw)
+    query = torch.randn(n, heads, HEAD).to(DEVICE, model.config.model_config.dtype)
+    return model, common(seq_lens, pages), query
+
+
+def check(model, step, query):
+    """asm within its bounds of fp32, HIP within its own, and not the same kernel."""
+    metadata = model.builder.build(0, step)
     assert metadata.use_asm_decode
-    ref = reference(query, contexts, setup.impl.scale)
-    asm = setup.forward(query, metadata).float().cpu()
-    hip = setup.forward(query, replace(metadata, use_asm_decode=False)).float().cpu()
+    ref = model.reference(query, step)
+    asm = model.run(query, metadata).float().cpu()
     torch.testing.assert_close(asm, ref, atol=ASM_MAX, rtol=0)
     assert (asm - ref).abs().mean() <= ASM_MEAN
+    metadata.use_asm_decode = False
+    hip = model.run(query, metadata).float().cpu()
     torch.testing.assert_close(hip, ref, atol=HIP_MAX, rtol=0)
-    assert not torch.equal(asm, hip), "the asm step ran the HIP decode"
+    if DEVICE == "cuda":  # two kernels, two roundings
+        assert not torch.equal(asm, hip), "the asm step ran the HIP decode"
 
 
 @requires_asm
-def test_the_builder_cuts_at_two_query_heads_per_compute_unit(tmp_path):
-    set_random_seed(1)
-    n = above_the_cut(40)
-    seq_lens = [33] * n
-    setup, pages, _, _ = decode_case(tmp_path, 40, 8, torch.bfloat16, seq_lens)
-    assert setup.step(seq_lens, pages).use_asm_decode
-    assert not setup.step(seq_lens[:-1], pages[:-1]).use_asm_decode
-    # A step with a prefill (two query tokens) is not a pure decode.
-    mixed = setup.step(seq_lens, pages, query_lens=[1] * (n - 1) + [2])
-    assert not mixed.use_asm_decode
+@pytest.mark.parametrize("gqa", range(1, 9))
+def test_every_admitted_gqa_ratio(tmp_path, gqa):
+    check(*decode(tmp_path, 8 * gqa, 8))
 
 
 @requires_asm
-def test_cuda_graph_padding_rows_are_finite_and_ignored(tmp_path):
-    set_random_seed(2)
-    n = above_the_cut(40)
-    seq_lens = [CONTEXTS[i % len(CONTEXTS)] for i in range(n)]
-    setup, pages, _, query = decode_case(tmp_path, 40, 8, torch.bfloat16, seq_lens)
-    real = setup.forward(query, setup.step(seq_lens, pages))
-    padded_query = torch.cat([query, torch.randn_like(query[:4])])
-    padded = setup.step(seq_lens + [0] * 4, pages + [[]] * 4)
-    assert padded.use_asm_decode
-    out = setup.forward(padded_query, padded)
-    assert torch.equal(out[:n], real)
-    assert torch.isfinite(out[n:]).all()
+@pytest.mark.parametrize("scales", [(1, 1), (0.25, 4)], ids=["unit", "k-small-v-big"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_kv_scales_and_query_dtypes(tmp_path, scales, dtype):
+    check(*decode(tmp_path, dtype=dtype, scales=scales))
 
 
 @requires_asm
-def test_cuda_graph_capture_and_replay(tmp_path):
-    set_random_seed(3)
-    n = above_the_cut(40)
-    seq_lens = [CONTEXTS[i % len(CONTEXTS)] for i in range(n)]
-    setup, pages, _, query = decode_case(tmp_path, 40, 8, torch.bfloat16, seq_lens)
-    metadata = setup.step(seq_lens, pages)
-    eager = setup.forward(query, metadata)
-    out = torch.zeros_like(query)
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        setup.forward(query, metadata, out)  # warm up
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        setup.forward(query, metadata, out)
-    out.zero_()
-    graph.replay()
-    torch.accelerator.synchronize()
-    torch.testing.assert_close(out, eager, atol=0, rtol=0)
+def test_pages_2_gib_apart_read_as_adjacent_ones(tmp_path):
+    """AITER rebases a wave's pages on its lowest; 2 GiB spans are untested there."""
+    model = Model(tmp_path, 64, 8, 2**31 // (8 * HEAD * BLOCK) + 2)
+    end = model.attn.kv_cache.shape[0] - 1
+    far = [page for i in range(16) for page in (1 + i, end - i)]
+    near = list(range(17, 49))
+    for plane in model.attn.kv_cache.unbind(1):  # the same content on adjacent pages
+        plane[near] = plane[far]
+    step = common([512] * 10, [far, near] * 5)
+    query = torch.randn(1, 64, HEAD).to(DEVICE, torch.bfloat16).expand(10, -1, -1)
+    out = model.run(query.contiguous(), model.builder.build(0, step))
+    assert torch.equal(out[0], out[1])
 
 
 @requires_asm
-def test_block_ids_past_65536(tmp_path):
-    """Blocks 65537, 67000, 131077 and 262145, each beside the block an AITER that
-    narrows block ids (before 0.1.17) would read instead."""
-    set_random_seed(4)
-    setup = Setup(tmp_path, 40, 8, torch.bfloat16, num_blocks=262146)
-    high = [[65537], [67000], [131077], [262145]]
-    contexts = setup.fill([16] * len(high), high)
-    copies = math.ceil(above_the_cut(40) / len(high))
-    pages, seq_lens = high * copies, [16] * len(high) * copies
-    query = torch.randn(len(pages), 40, HEAD_SIZE).to(DEVICE, torch.bfloat16)
-    metadata = setup.step(seq_lens, pages)
+def test_a_captured_graph_replays_asm_and_follows_a_weight_reload(tmp_path):
+    """Captured through build_for_cudagraph_capture, as vLLM's runner captures; vLLM's
+    weight reload between two replays (the next build refills the tables in place)."""
+    model, step, query = decode(tmp_path)
+    metadata = model.builder.build_for_cudagraph_capture(step)
     assert metadata.use_asm_decode
-    out = setup.forward(query, metadata).float().cpu()
-    ref = reference(query, contexts * copies, setup.impl.scale)
-    torch.testing.assert_close(out, ref, atol=ASM_MAX, rtol=0)
+    metadata.seq_lens.copy_(step.seq_lens_cpu_upper_bound)  # the capture set them to 1
+    out, graph = torch.zeros_like(query), torch.cuda.CUDAGraph()
+    model.run(query, metadata, out)  # warm up
+    with torch.cuda.graph(graph):
+        model.run(query, metadata, out)
+    for scales in ((0.5, 2), (1, 0.5)):
+        reload.reload_weights(
+            model.config, model, iter(model.weights(scales)), None, True
+        )
+        model.builder.build(0, step)
+        graph.replay()
+        ref = model.reference(query, step)
+        torch.testing.assert_close(out.float().cpu(), ref, atol=ASM_MAX, rtol=0)
 
 
-def rule_case(num_heads=40, num_kv_heads=8, head_size=128, block_size=16, cache="fp8"):
-    """A ROCM_ATTN impl and a KV cache laid out as vLLM binds it (on the meta device:
-    the rule reads shapes and strides only)."""
-    impl = RocmAttentionImpl(
-        num_heads, head_size, HEAD_SIZE**-0.5, num_kv_heads, None, None, cache
-    )
-    groups = torch.empty(
-        2, 4, block_size, num_kv_heads * head_size, dtype=torch.uint8, device="meta"
-    )
-    return impl, groups.transpose(0, 1)
+def rule_case(heads=40, kvh=8, head=HEAD, block=BLOCK, cache="fp8", lbhnc=False):
+    """vLLM's impl and its bound KV cache view (meta tensors: shapes and strides)."""
+    impl = RocmAttentionImpl(heads, head, 128**-0.5, kvh, None, None, cache)
+    groups = torch.empty(2, 4, block, kvh * head, dtype=torch.uint8, device="meta")
+    return impl, (groups.view(4, 2, block, -1) if lbhnc else groups.transpose(0, 1))
 
 
-def model(dtype=torch.bfloat16, max_model_len=40960):
-    """What the rule reads of the model config."""
-    return SimpleNamespace(dtype=dtype, max_model_len=max_model_len)
+REFUSED = {
+    "gqa-9": (dict(heads=72), "GQA 9"),
+    "head-256": (dict(head=256, heads=16), "head size 256"),
+    "block-32": (dict(block=32), "block size 32"),
+    "fp8-e5m2": (dict(cache="fp8_e5m2"), "fp8_e5m2 KV cache"),
+    "lbhnc": (dict(lbhnc=True), "KV pages not dense"),
+}
 
 
-def test_the_rule_takes_llama_and_qwen3_layers():
-    impl, kv_cache = rule_case()
-    assert asm_decode_rejections(impl, kv_cache, model(), "gfx950") == []
-    assert asm_decode_rejections(impl, kv_cache, model(torch.float16), "gfx942") == []
-
-
-@pytest.mark.parametrize(
-    ("case", "reason"),
-    [
-        (dict(num_heads=64, num_kv_heads=4), "GQA 16"),
-        (dict(head_size=64), "head size 64"),
-        (dict(block_size=32), "block size 32"),
-        (dict(cache="fp8_e5m2"), "fp8_e5m2"),
-    ],
-    ids=["gqa-16", "head-64", "block-32", "fp8-e5m2"],
-)
+@pytest.mark.parametrize(("case", "reason"), REFUSED.values(), ids=REFUSED)
 def test_the_rule_refuses_what_the_kernel_cannot_serve(case, reason):
-    impl, kv_cache = rule_case(**case)
-    reasons = asm_decode_rejections(impl, kv_cache, model(), "gfx950")
-    assert len(reasons) == 1 and reason in reasons[0]
+    assert asm_decode_rejections(*rule_case(), torch.float16, True) == []
+    assert asm_decode_rejections(*rule_case(**case), torch.bfloat16, True) == [reason]
+    assert asm_decode_rejections(*rule_case(), torch.bfloat16, False) != []
+
+
+STEPS = {
+    "above-cut": ([1024] * 13, None, True),  # 13 x 40 = 520 query heads > 512
+    "at-cut": ([1024] * 12, None, False),
+    "prefill": ([1024] * 13, [1] * 12 + [2], False),
+    "one-long": ([32768] + [1024] * 127, None, False),  # ~1.6x slower on asm
+    "uniform": ([32768] * 128, None, True),
+}
+
+
+@pytest.mark.parametrize(("seq_lens", "query_lens", "asm"), STEPS.values(), ids=STEPS)
+def test_the_step_decision(seq_lens, query_lens, asm):
+    step = common(seq_lens, [[1]] * len(seq_lens), query_lens, device="cpu")
+    assert use_asm_decode(step, 40, 8, 512) is asm
+    captured = asm or seq_lens[0] == 32768  # a graph replays for any lengths
+    assert use_asm_decode(step, 40, 8, 512, 0) is captured
