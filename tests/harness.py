@@ -26,6 +26,7 @@ from vllm_rocm_asm_decode.tools.testbed import (  # noqa: F401 - the tests use t
     MODEL_LAYER,
     Batch,
     Model,
+    ScaleCheckpoint,
     build_model,
     fill_context,
     fp32_attention,

@@ -9,7 +9,6 @@ it).
 it passes ``high_precision`` on to AITER, else a subclass that does).
 """
 
-import math
 from typing import TYPE_CHECKING
 
 import torch
@@ -44,7 +43,7 @@ def asm_decode_rejections(
         kv_cache.transpose(0, 1), impl.num_kv_heads, impl.head_size
     )
     block_size, gqa = value_cache.shape[3], impl.num_heads // impl.num_kv_heads
-    scale_ok = math.isclose(impl.scale, ASM_HEAD_SIZE**-0.5, rel_tol=1e-6)
+    scale_ok = abs(impl.scale * ASM_HEAD_SIZE**0.5 - 1) < 1e-6
     clauses = (
         (mi3xx, "a GPU other than gfx942/gfx950"),
         (impl.kv_cache_dtype in ASM_KV_DTYPES, f"{impl.kv_cache_dtype} KV cache"),

@@ -168,7 +168,7 @@ def _logger(src: Source) -> ast.stmt:
 
 _METADATA_FIELDS = """\
     use_asm_decode: bool = False  # pa_fwd_asm decodes this step,
-    asm_scales: dict = field(default_factory=dict)  # for layers with (K, V) tables"""
+    asm_scales: dict | None = None  # for layers with (K, V) tables"""
 
 _BUILDER_INIT = """\
 
@@ -176,10 +176,8 @@ _BUILDER_INIT = """\
         self._asm_scales: dict[torch.nn.Module, tuple] = {}  # K, V tables and scales"""
 
 _STAGE_1_TABLES = """\
-            for scale in set(scales) - tables.keys():
-                tables[scale] = torch.full(
-                    shape, scale, dtype=torch.float32, device=self.device
-                )
+            for s in set(scales) - tables.keys():
+                tables[s] = torch.full(shape, s, dtype=torch.float, device=self.device)
             self._asm_scales[layer] = (tables[scales[0]], tables[scales[1]], *scales)
 """
 
@@ -219,10 +217,13 @@ _STAGE_1_RELOAD = """\
             for table, scale in zip(tables[:2], now[layer], strict=True):
                 wanted.setdefault(table, set()).add(scale)
         for table, scales in wanted.items():
-            if len(scales) == 1:  # else its layers diverged: they keep HIP
+            if len(scales) == 1:  # else it keeps its scale, now wrong for some layers
                 table.fill_(*scales)
-        split = {table for table, scales in wanted.items() if len(scales) > 1}
-        stale = [x for x, t in self._asm_scales.items() if split.intersection(t[:2])]
+        stale = [
+            x
+            for x, t in self._asm_scales.items()
+            if any(len(wanted[t[i]]) > 1 and now[x][i] != t[2 + i] for i in (0, 1))
+        ]
         if stale:
             logger.error(
                 "A weight reload gave layers sharing KV scale tables different scales: "
@@ -252,7 +253,7 @@ _BUILD_DECIDE = """\
 """
 
 _FORWARD_ASM = """\
-        scales = attn_metadata.asm_scales.get(layer)
+        scales = attn_metadata.asm_scales and attn_metadata.asm_scales.get(layer)
         if attn_metadata.use_asm_decode and scales and output_scale is None:
             rocm_aiter_ops.pa_fwd_asm(
                 Q=query[:num_actual_tokens],
@@ -271,7 +272,6 @@ _FORWARD_ASM = """\
 
 
 def stage1_rocm_attn(src: Source) -> None:
-    src.ensure_import("dataclasses", "field")
     src.ensure_import("vllm.utils.platform_utils", "num_compute_units")
     add_runtime_block(src, "core", lambda: _logger(src))
 
