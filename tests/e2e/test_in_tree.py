@@ -277,9 +277,7 @@ def kernel_tests(monkeypatch, kernels):
 
 @pytest.mark.parametrize("gqa", [1, 5, 8])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
-def test_the_kernel_tests_for_vllm_pass_on_the_contract_model(
-    kernel_tests, tmp_path, gqa, dtype
-):
+def test_the_kernel_tests_for_vllm_pass_on_the_contract_model(kernel_tests, tmp_path, gqa, dtype):
     harness.reset_asm_calls()
     kernel_tests.test_every_admitted_gqa_ratio(tmp_path, gqa, dtype)
     assert len(harness.asm_calls()) == 1 and harness.KERNELS.hip_decode == 1
