@@ -357,10 +357,8 @@ class RocmAsmDecodeMetadataBuilder(RocmAttentionMetadataBuilder):
             self.asm_skew = self.asm_settings.skew
         self.asm_split_off = asm_split_off(vllm_config)
         if self.asm_split_off is None and asm_split_reorders(
-            kv_cache_spec, vllm_config.cache_config.cache_dtype
+            vllm_config, kv_cache_spec, layer_names
         ):
-            # Decode requests lead the batch (the V1 runner reorders on this; Model
-            # Runner V2 always does), so a mixed step splits at one boundary.
             self._init_reorder_batch_threshold(1)
 
     @property

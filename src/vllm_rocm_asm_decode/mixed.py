@@ -14,15 +14,9 @@ import numpy as np
 import torch
 from vllm.config import CUDAGraphMode, VllmConfig
 from vllm.v1.attention.backend import CommonAttentionMetadata
-from vllm.v1.kv_cache_interface import AttentionSpec, SlidingWindowSpec
+from vllm.v1.kv_cache_interface import AttentionSpec
 
-from .core import (
-    ASM_BLOCK_SIZE,
-    ASM_HEAD_SIZE,
-    ASM_KV_DTYPES,
-    ASM_SKEW_RATIO,
-    asm_decode_skewed,
-)
+from .core import ASM_SKEW_RATIO, asm_decode_rejections, asm_decode_skewed
 
 
 @dataclass(frozen=True)
@@ -39,15 +33,24 @@ class AsmDecodeSplit:
     prefill_block_table: torch.Tensor
 
 
-def asm_split_reorders(spec: AttentionSpec, cache_dtype: str) -> bool:
-    """Whether layers of this spec may split mixed steps, so that asking the runner
-    to put decodes first can pay off (the runner takes the lowest threshold of all
-    builders). A prediction from the spec, before any layer is bound."""
-    return (
-        cache_dtype in ASM_KV_DTYPES
-        and spec.block_size == ASM_BLOCK_SIZE
-        and spec.head_size == ASM_HEAD_SIZE
-        and not isinstance(spec, SlidingWindowSpec)
+def asm_split_reorders(
+    vllm_config: VllmConfig, spec: AttentionSpec, layer_names: list[str]
+) -> bool:
+    """Whether to ask the runner to put decode requests first, so that a mixed step
+    splits at one boundary: only the V1 runner needs asking (Model Runner V2 always
+    puts them first), and only for layers the rule admits. The runner asks before it
+    allocates the KV cache: the rule sees one page of the spec's dense layout."""
+    from vllm.platforms.rocm import on_mi3xx
+
+    if vllm_config.use_v2_model_runner:
+        return False
+    page = (2, 1, spec.block_size, spec.num_kv_heads * spec.head_size)
+    cache = torch.empty(page, dtype=torch.uint8, device="meta").transpose(0, 1)
+    layers = vllm_config.compilation_config.static_forward_context
+    dtype, mi3xx = vllm_config.model_config.dtype, on_mi3xx()
+    return all(
+        not asm_decode_rejections(layers[name].impl, cache, dtype, mi3xx)
+        for name in layer_names
     )
 
 

@@ -141,16 +141,29 @@ def test_decodes_that_do_not_lead_stay_stock_and_correct(tmp_path, kernels):
     assert harness.asm_calls() == [] and kernels.hip_decode == 1
 
 
-def test_decodes_lead_in_vllms_v1_runner_where_a_split_can_happen(tmp_path):
+@pytest.mark.parametrize("runner", ["v1", "v2"])
+def test_decodes_are_put_first_only_by_the_v1_runner_and_where_the_rule_admits(
+    tmp_path, monkeypatch, runner
+):
     """The V1 runner reorders a batch only when a builder sets a threshold (the lowest of
-    all builders wins): only where mixed steps can split, and never before stage 2."""
+    all builders wins): set only where mixed steps can split, the layers pass the rule
+    (predicted before the KV cache exists), and never before stage 2. Model Runner V2
+    puts decodes first itself: no builder asks it."""
     from vllm.v1.attention.backends.rocm_attn import RocmAttentionMetadataBuilder
 
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1" if runner == "v2" else "0")
     stock = RocmAttentionMetadataBuilder.reorder_batch_threshold
     fp8 = harness.build_model(tmp_path / "fp8", num_layers=1)
-    assert fp8.builder.reorder_batch_threshold == (1 if harness.SPLITS_MIXED else stock)
-    bf16 = harness.build_model(tmp_path / "bf16", num_layers=1, cache_dtype="auto")
-    assert bf16.builder.reorder_batch_threshold == stock
+    assert fp8.vllm_config.use_v2_model_runner is (runner == "v2")
+    asks = harness.SPLITS_MIXED and runner == "v1"
+    assert fp8.builder.reorder_batch_threshold == (1 if asks else stock)
+    for name, refused in {
+        "bf16": dict(cache_dtype="auto"),
+        "gqa-16": dict(num_heads=128, num_kv_heads=8),
+        "soft-cap": dict(layer_kwargs=[{"logits_soft_cap": 30.0}]),
+    }.items():
+        model = harness.build_model(tmp_path / name, num_layers=1, **refused)
+        assert model.builder.reorder_batch_threshold == stock, name
 
 
 @pytest.mark.skipif(harness.SPLITS_MIXED, reason="this form splits mixed steps")

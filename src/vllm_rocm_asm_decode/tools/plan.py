@@ -478,7 +478,13 @@ def make_plan(
     def kernel(num_seqs: int) -> str:
         """The kernel vLLM captures for this many sequences: the cut alone decides (a
         graph replays for any lengths)."""
-        step = SimpleNamespace(max_query_len=1, num_reqs=num_seqs, num_actual_tokens=num_seqs)
+        step = SimpleNamespace(
+            max_query_len=1,
+            num_reqs=num_seqs,
+            num_actual_tokens=num_seqs,
+            max_seq_len=1,  # vLLM captures with every sequence at one token
+            seq_lens_cpu_upper_bound=None,
+        )
         return "asm" if any_eligible and use_asm_decode(step, heads, kv_heads, cut, 0) else "hip"  # type: ignore[arg-type]
 
     def worst(num_seqs: int) -> dict[str, float]:

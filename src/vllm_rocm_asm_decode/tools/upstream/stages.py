@@ -403,9 +403,8 @@ _SPLIT_INIT = """\
             type(self) is RocmAttentionMetadataBuilder
             and rocm_aiter_ops.is_mha_enabled()
             and _asm_split_off(vllm_config) is None
-            and _asm_split_reorders(kv_cache_spec, vllm_config.cache_config.cache_dtype)
+            and _asm_split_reorders(vllm_config, kv_cache_spec, layer_names)
         ):
-            # Decodes first, so that a mixed step splits at one boundary.
             self._init_reorder_batch_threshold(1)"""
 
 _SPLIT_BUILD = """\
