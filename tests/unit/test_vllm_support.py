@@ -300,7 +300,7 @@ def test_every_name_the_runtime_imports_from_vllm_is_guarded():
         ("vllm.v1.attention.ops.chunked_prefill_paged_decode", "has_native_kv_cache_layout"),
         ("vllm.v1.attention.ops.paged_attn", "PagedAttention"),
         ("vllm.utils.platform_utils", "num_compute_units"),
-        ("vllm.v1.kv_cache_interface", "SlidingWindowSpec"),
+        ("vllm.platforms.rocm", "on_mi3xx"),
         ("vllm.model_executor.layers.quantization.kv_cache", "BaseKVCacheMethod"),
     } <= names
     for module, name in names:  # each resolves in the installed vLLM
