@@ -67,7 +67,9 @@ def test_check_writes_nothing_apply_writes_the_same_and_a_second_apply_nothing(t
     assert snapshot(tree) == before
     code, applied, _ = run(capsys, str(tree))
     assert code == 0
-    assert checked.splitlines()[1:] == applied.splitlines()[1:]  # the same diff stat
+    stat, _, text = applied.partition("\n--- pull-request text, stage 1 ---\n")
+    assert checked.splitlines()[1:] == stat.splitlines()[1:]  # the same diff stat
+    assert text == upstream.pr_text(1) and "pull-request text" not in checked
     assert "3 files changed" in applied and "(new)" in applied
     after = snapshot(tree)
     for argv in ((str(tree),), (str(tree), "--check"), (str(tree), "--stage", "1")):
@@ -530,7 +532,8 @@ def test_the_git_hint_only_for_a_git_checkout(tree, capsys):
     git = ["git", "-C", str(other), "-c", "user.email=t@t", "-c", "user.name=t"]
     subprocess.run([*git, "init", "-q"], check=True)
     code, out, _ = run(capsys, str(other))
-    assert code == 0 and out.splitlines()[-1].startswith("next: git add -A && pre-commit run")
+    hint = out.split("\n--- pull-request text")[0].splitlines()[-1]
+    assert code == 0 and hint.startswith("next: git add -A && pre-commit run")
 
 
 def test_runs_at_once_on_one_tree_all_succeed_and_agree(tree):
@@ -564,6 +567,27 @@ def test_runs_at_once_on_one_tree_all_succeed_and_agree(tree):
         run.stderr.close()
     assert results == [(0, "")] * 3
     assert snapshot(tree) == snapshot(reference)
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3], ids=["stage-1", "stage-2", "stage-3"])
+def test_the_pull_request_texts_are_short_shipped_and_in_the_docs(stage):
+    """What ``upstream`` prints after writing a stage: a title line, then at most ~60
+    lines for the first pull request; no word of the plugin's own tools; stage 3 says
+    it is a proposal; the same text in docs/upstream.md."""
+    text = upstream.pr_text(stage)
+    title, blank, *body = text.splitlines()
+    assert title.startswith(("[ROCm]", "[RFC]")) and blank == "" and len(body) >= 10
+    assert len(text.splitlines()) <= (60 if stage == 1 else 40)
+    for word in ("vllm-rocm-asm-decode", "plugin", "doctor", " plan ", "contract model"):
+        assert word not in text, (stage, word)
+    if stage == 1:  # the claims are the original measurements, the limits are stated
+        for fact in ("+4.2–6.3 %", "+6.2–8.8 %", "AITER 0.1.27", "optional", "restart vLLM",
+                     "ROCM_AITER_FA", "ViT", "fp16", "67 ×"):  # fmt: skip
+            assert fact in text, fact
+    if stage == 3:
+        assert "A proposal" in text and "C++ allocator" in text and "pa_fwd" in text
+    docs = (Path(__file__).parents[2] / "docs/upstream.md").read_text(encoding="utf-8")
+    assert text in docs
 
 
 def test_check_names_a_file_a_real_run_could_not_write(tree, capsys, monkeypatch):

@@ -10,10 +10,14 @@ as a stack of three pull requests.
    ``tests/kernels/attention/test_rocm_attn_aiter_asm_decode.py``;
 2. mixed prefill+decode steps: their decodes on the asm kernel, their prefills through a
    prefill-only option of ``chunked_prefill_paged_decode``;
-3. scale tables for ``ROCM_AITER_FA`` and ``ROCM_ATTN`` alike: a new module
-   ``vllm/v1/attention/backends/asm_scale_tables.py`` (one chunk of device memory mapped
-   over each table, tables of their own for layers with checkpoint scales, refilled in
-   place after a weight reload), in place of ``AsmKvScaleTables``.
+3. a proposal (RFC), not a PR to merge as written: scale tables for ``ROCM_AITER_FA``
+   and ``ROCM_ATTN`` alike in a new module ``vllm/v1/attention/backends/
+   asm_scale_tables.py`` (one chunk of device memory mapped over each table, tables of
+   their own for layers with checkpoint scales, refilled in place after a weight
+   reload), in place of ``AsmKvScaleTables``.
+
+After writing, it prints the pull-request text of stage N (``pr_text(N)``; the same
+texts are in the project's ``docs/upstream.md``).
 
 No copy of vLLM's files is stored here: each edit finds its place by name (a class, a
 ``def``, a statement) in the file as it is, and stops with one line naming the anchor
@@ -397,6 +401,11 @@ def diff_stat(changes: list[FileChange]) -> str:
     return "\n".join(rows)
 
 
+def pr_text(stage: int) -> str:
+    """The pull-request text of one stage: its title line, then its description."""
+    return (Path(__file__).with_name("pr") / f"stage-{stage}.md").read_text(encoding="utf-8")
+
+
 def main(directory: str, dry_run: bool, stage: int = DEFAULT_STAGE) -> int:
     """0: written, or nothing to do; 1: ``--check`` found changes to make; 2: error."""
     root = Path(directory)
@@ -419,4 +428,6 @@ def main(directory: str, dry_run: bool, stage: int = DEFAULT_STAGE) -> int:
     print(diff_stat(changes))
     if _git(root, "rev-parse", "--is-inside-work-tree") == "true":
         print("next: git add -A && pre-commit run --files $(git diff --cached --name-only)")
+    print(f"\n--- pull-request text, stage {stage} ---")
+    print(pr_text(stage), end="")
     return 0
