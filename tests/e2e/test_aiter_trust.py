@@ -230,6 +230,10 @@ def test_with_kv_cache_memory_bytes_the_free_memory_is_vllms(tmp_path, kernels, 
     model = calibrated(tmp_path)
     model.vllm_config.cache_config.kv_cache_memory_bytes = 2**30
     model = harness.Model(**{**vars(model), "builder": rebuild(model)})
+    # vLLM has reserved its whole share (the KV cache it sized): were the budget read as
+    # with gpu_memory_utilization, no headroom would be left to keep and 100 GiB would fit.
+    util = model.vllm_config.cache_config.gpu_memory_utilization
+    answer["reserved"] = int(util * answer["total"])
     answer["free"] = 100 * 1024**3
     model.builder.build(0, harness.make_batch(model, [40] * 20).common)
     assert bound(model) == [False] * 4

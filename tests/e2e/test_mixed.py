@@ -49,7 +49,8 @@ def check(model, batch, out, layer):
 
 @harness.splits_mixed
 def test_decodes_run_asm_and_prefills_the_prefill_kernel_each_row_once(tmp_path, kernels):
-    model = harness.build_model(tmp_path, num_layers=2)
+    # K and V scales apart: swapping them on either side of the split fails the check.
+    model = harness.build_model(tmp_path, num_layers=2, scales=[(0.5, 0.25)] * 2)
     batch = mixed_batch(model, ABOVE)
     metadata = model.builder.build(0, batch.common)
     split = metadata.asm_split
@@ -141,6 +142,34 @@ def test_decodes_that_do_not_lead_stay_stock_and_correct(tmp_path, kernels):
     assert harness.asm_calls() == [] and kernels.hip_decode == 1
 
 
+@harness.splits_mixed
+@pytest.mark.parametrize(
+    ("extra", "splits"), [(0, False), (1, True)], ids=["heads-at-cut", "one-above"]
+)
+def test_a_mixed_step_splits_only_when_its_decodes_heads_pass_the_cut(
+    tmp_path, kernels, extra, splits
+):
+    """32 query heads: CUT // 32 decodes carry exactly the cut's heads (no split), one
+    more passes it."""
+    model = harness.build_model(tmp_path, num_layers=1, num_heads=32, num_kv_heads=8)
+    batch = mixed_batch(model, CUT // 32 + extra)
+    metadata = model.builder.build(0, batch.common)
+    assert (metadata.asm_split is not None) is splits
+    assert not metadata.use_asm_decode
+
+
+def test_a_sliding_window_layer_never_splits_a_mixed_step(tmp_path, kernels):
+    """The rule refuses a sliding-window layer: its mixed steps stay whole on the stock
+    path, however many decodes lead."""
+    model = harness.build_model(
+        tmp_path, num_layers=1, layer_kwargs=[{"per_layer_sliding_window": 64}]
+    )
+    batch = mixed_batch(model, ABOVE + 8)
+    metadata = model.builder.build(0, batch.common)
+    assert getattr(metadata, "asm_split", None) is None
+    assert harness.asm_layers(model.builder) == set()
+
+
 @pytest.mark.parametrize("runner", ["v1", "v2"])
 def test_decodes_are_put_first_only_by_the_v1_runner_and_where_the_rule_admits(
     tmp_path, monkeypatch, runner
@@ -161,6 +190,7 @@ def test_decodes_are_put_first_only_by_the_v1_runner_and_where_the_rule_admits(
         "bf16": dict(cache_dtype="auto"),
         "gqa-16": dict(num_heads=128, num_kv_heads=8),
         "soft-cap": dict(layer_kwargs=[{"logits_soft_cap": 30.0}]),
+        "sliding-window": dict(layer_kwargs=[{"per_layer_sliding_window": 64}]),
     }.items():
         model = harness.build_model(tmp_path / name, num_layers=1, **refused)
         assert model.builder.reorder_batch_threshold == stock, name

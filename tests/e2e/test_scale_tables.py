@@ -154,6 +154,29 @@ def test_a_reload_moving_every_layer_to_one_scale_is_followed(tmp_path, kernels,
     assert not any("different scales" in m for m in plugin_log)
 
 
+@pytest.mark.parametrize(
+    "moved", [(1.5, 0.25), (0.5, 0.75)], ids=["only-k-moves", "only-v-moves"]
+)
+def test_a_reload_of_one_side_alone_is_followed(tmp_path, kernels, plugin_log, moved):
+    """A reload that changes the K scale alone, or the V scale alone (every layer the
+    same way): the next build() refills that side's tables, every layer decodes on asm
+    and matches fp32 at the new scales, nothing is logged as diverging."""
+    model, checkpoint = fp8_checkpoint(tmp_path, [(0.5, 0.25)] * 2)
+    model.builder.build(0, harness.make_batch(model, [40] * 16).common)
+    checkpoint.reload([moved] * 2)
+    batch = harness.make_batch(model, [40] * 16, seed=4)
+    harness.fill_context(model, batch)
+    metadata = model.builder.build(0, batch.common)
+    assert metadata.use_asm_decode
+    for name, layer in model.layers.items():
+        out = harness.run_layer(model, name, batch, metadata)
+        torch.testing.assert_close(
+            out.float(), harness.reference(model, batch, layer), atol=2e-2, rtol=0
+        )
+    assert len(harness.asm_calls()) == 2
+    assert not any("different scales" in m for m in plugin_log)
+
+
 @pytest.mark.skipif(not harness.IN_TREE, reason="the plugin gives such layers their own tables")
 def test_a_diverging_reload_of_allocated_shared_tables_sends_those_layers_to_hip(
     tmp_path, kernels, plugin_log, monkeypatch

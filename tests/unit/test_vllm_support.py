@@ -145,8 +145,24 @@ ROCM_ATTN = "vllm.v1.attention.backends.rocm_attn"
             "    ROCM_ATTENTION = ",
             "AttentionBackendEnum.ROCM_ATTN is gone",
         ),
+        (
+            ROCM_ATTN,
+            "        common_prefix_len: int,\n        common_attn_metadata: CommonAttentionMetadata,",
+            "        common_attn_metadata: CommonAttentionMetadata,\n        common_prefix_len: int,",
+            "RocmAttentionMetadataBuilder.build takes (",
+        ),
     ],
-    ids=["class", "method", "field", "parameter", "keyword", "inherited", "aiter-op", "enum"],
+    ids=[
+        "class",
+        "method",
+        "field",
+        "parameter",
+        "keyword",
+        "inherited",
+        "aiter-op",
+        "enum",
+        "parameters-reordered",
+    ],
 )
 def test_a_moved_extension_point_is_named(module, old, new, says):
     read = _edited(module, old, new)
