@@ -1,0 +1,174 @@
+"""``reproduce``'s run: the steps in order, each recorded as it finishes, then the
+report; Ctrl-C stops cleanly and the same command resumes."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+import time
+from pathlib import Path
+
+from .. import original
+from . import environment, options, report, runners
+from .progress import Progress
+from .state import FAILED, OK, StepRecord, Store
+from .steps import Step, plan
+
+PROG = "vllm-rocm-asm-decode reproduce"
+
+
+def summary(step: Step, record: StepRecord) -> str:
+    """One line for a finished step."""
+    if not record.ok:
+        return record.error or "failed"
+    r = record.result
+    if step.kind == "doctor":
+        return f"{r.get('checks')} checks passed, self-test {r.get('self_test')}"
+    if step.kind == "kernel":
+        if r.get("skew"):
+            return f"{len(r['skew'])} lengths, suggested skew {r.get('suggested_skew')}"
+        ts = r.get("timings") or []
+        faster = sum(1 for t in ts if t["asm_us"] < t["hip_us"])
+        extra = (
+            f", crossover at {r.get('crossover_seqs')} sequences" if r.get("crossover_seqs") else ""
+        )
+        return f"asm faster in {faster} of {len(ts)} cases{extra}"
+    if step.kind == "serve":
+        rows = [x for x in r.get("summary") or [] if x.get("change_pct") is not None]
+        return (
+            ", ".join(f"c{x['concurrency']} {x['change_pct']:+.1f}%" for x in rows) or "no figures"
+        )
+    parts = []
+    if "gsm8k" in r:
+        parts.append(f"GSM8K {r['gsm8k']['flexible']:.4f}")
+    if "passkey" in r:
+        found = sum(ok for ok, _ in r["passkey"].values())
+        sent = sum(s for _, s in r["passkey"].values())
+        parts.append(f"passkey {found}/{sent}")
+    if step.kind == "sync":
+        parts.append("no synchronization reported")
+    return ", ".join(parts)
+
+
+def main(args: argparse.Namespace) -> int:
+    store = Store(Path(args.out))
+    try:
+        stored = store.settings()
+    except (OSError, ValueError) as exc:
+        stored = None
+        problem = f"--out {args.out}: cannot read its reproduction.json ({exc})"
+    else:
+        problem = options.problem(args, stored)
+    if problem:
+        print(f"{PROG}: error: {problem}", file=sys.stderr)
+        return 2
+    settings = options.settings_of(args)
+    steps = plan(settings)
+    tools = runners.Tools(
+        vllm=args.vllm,
+        lm_eval=args.lm_eval,
+        host=args.host,
+        port=args.port,
+        health_timeout=args.health_timeout,
+    )
+    if args.gpu_tools is not None:
+        tools.gpu_tools = [args.gpu_tools]
+    ctx = runners.Context(
+        model=settings.model,
+        tp=settings.tp,
+        dataset=settings.dataset,
+        tools=tools,
+        passkey_lengths=tuple(original.load()["passkey"]["lengths"]),
+    )
+    try:
+        store.root.mkdir(parents=True, exist_ok=True)
+        store.save_settings(settings.to_json())
+        for group in args.redo:
+            for name in group:
+                store.forget(name)
+        invocation = store.begin(environment.record(settings.model, settings.tp, sys.argv))
+    except OSError as exc:
+        print(f"{PROG}: error: --out {args.out}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    records = {s.name: store.record(s.name) for s in steps}
+    done = {n for n, r in records.items() if r is not None and r.ok}
+    progress = Progress(steps, done)
+    stopped: str | None = None
+    interrupted = False
+    try:
+        for step in steps:
+            rec = records[step.name]
+            if rec is not None and rec.ok:
+                progress.skip(step, rec)
+                continue
+            if stopped:
+                continue
+            progress.start(step)
+            ctx.files = store.fresh_files(step.name)
+            began = time.monotonic()
+            try:
+                result, status, error = runners.run(step, ctx), OK, None
+            except runners.StepError as exc:
+                result, status, error = exc.result, FAILED, str(exc)
+            rec = StepRecord(
+                name=step.name,
+                status=status,
+                seconds=time.monotonic() - began,
+                finished=environment.now(),
+                invocation=invocation,
+                result=result,
+                error=error,
+            )
+            store.save(rec)
+            records[step.name] = rec
+            progress.finish(step, rec, summary(step, rec))
+            if step.gate and not rec.ok:
+                stopped = f"{step.name} failed ({error})"
+    except KeyboardInterrupt:
+        interrupted = True
+        stopped = "interrupted: run the same command again to resume"
+    finally:
+        progress.close()
+    return _finish(store, settings, steps, records, stopped, interrupted)
+
+
+def _finish(store, settings, steps, records, stopped, interrupted) -> int:
+    run = report.Run(settings, steps, records, store.environments(), stopped=stopped)
+    results = {n: (r.result if r is not None else None) for n, r in records.items()}
+    try:
+        from . import charts
+
+        run.plots = charts.draw(results, settings.model, store.root)
+    except SystemExit as exc:  # matplotlib missing: said in the report
+        run.plot_problem = str(exc)
+    except (OSError, ValueError) as exc:
+        run.plot_problem = f"could not be drawn ({exc})"
+    try:
+        path = report.write(run, store.root)
+    except OSError as exc:
+        print(
+            f"{PROG}: error: cannot write the report in {store.root}: {exc.strerror or exc}",
+            file=sys.stderr,
+        )
+        return 1
+    failed = [r.name for r in records.values() if r is not None and not r.ok]
+    with contextlib.suppress(OSError):
+        if interrupted:
+            print(
+                f"{PROG}: interrupted; finished steps are kept in {store.root} and the same "
+                f"command resumes (report so far: {path})",
+                file=sys.stderr,
+            )
+        elif stopped:
+            print(f"{PROG}: stopped: {stopped}; report: {path}", file=sys.stderr)
+        elif failed:
+            print(
+                f"{PROG}: {len(failed)} step(s) failed ({', '.join(failed)}); the same command "
+                f"retries them; report: {path}",
+                file=sys.stderr,
+            )
+        print(path)
+    if interrupted:
+        return 130
+    return 1 if (failed or stopped) else 0

@@ -1,0 +1,173 @@
+"""``reproduce``'s options, and what is judged of them before the first step runs: each
+problem is one line (the command prints it and exits 2)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import socket
+from collections.abc import Callable
+from pathlib import Path
+
+from .. import choices
+from .steps import Settings, names
+
+DEFAULT_OUT = "asm-decode-reproduce"
+
+
+def add_parser(sub, documented: Callable[..., argparse.ArgumentParser]) -> None:
+    """Register ``reproduce`` on the CLI's subparsers (``documented``: the CLI's maker
+    of a subcommand whose --help shows its module's docstring)."""
+    p = documented(
+        sub,
+        "reproduce",
+        "the original change's whole validation in one command, and one report",
+        "reproduce",
+    )
+    p.add_argument("--model", required=True, type=choices.nonempty, help="what vllm serve serves")
+    p.add_argument(
+        "--tp",
+        "--tensor-parallel-size",
+        "-tp",
+        dest="tp",
+        type=choices.positive_int,
+        default=1,
+        metavar="N",
+        help="vllm serve's --tensor-parallel-size (default 1)",
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="the one-hour subset: concurrency 1/64/128 once, one GSM8K and passkey run "
+        "per arm, the sync check with GSM8K only",
+    )
+    p.add_argument(
+        "--out",
+        type=choices.nonempty,
+        default=DEFAULT_OUT,
+        metavar="DIR",
+        help="where results, logs and the report go; a rerun resumes there "
+        f"(default {DEFAULT_OUT})",
+    )
+    p.add_argument(
+        "--redo",
+        type=_step_list,
+        action="append",
+        default=[],
+        metavar="STEP[,STEP]",
+        help="run these finished steps again (repeatable)",
+    )
+    p.add_argument(
+        "--dataset",
+        type=choices.nonempty,
+        default=None,
+        metavar="FILE",
+        help="a ShareGPT JSON file: adds the mixed-length serving A/B (serve-sharegpt)",
+    )
+    p.add_argument(
+        "--host",
+        type=choices.nonempty,
+        default="127.0.0.1",
+        help="where the servers listen and the clients dial (default 127.0.0.1)",
+    )
+    p.add_argument(
+        "--port", type=choices.port, default=8000, help="the servers' port (default 8000)"
+    )
+    p.add_argument("--vllm", default="vllm", help="the vllm executable (default: vllm on PATH)")
+    p.add_argument(
+        "--lm-eval",
+        default="lm_eval",
+        metavar="EXE",
+        help="the lm_eval executable, for GSM8K (default: lm_eval on PATH; pip install "
+        "'lm-eval[api]')",
+    )
+    p.add_argument(
+        "--gpu-tools",
+        default=None,
+        metavar="EXE",
+        help="the executable that runs doctor and bench kernel (default: this package's "
+        "command line, run by this Python)",
+    )
+    p.add_argument(
+        "--health-timeout",
+        type=choices.seconds,
+        default=1800.0,
+        metavar="SECONDS",
+        help="how long a server may take to answer /health (default 1800, at most "
+        f"{choices.MAX_SECONDS})",
+    )
+
+
+def _step_list(text: str) -> list[str]:
+    found = [n.strip() for n in text.split(",") if n.strip()]
+    if not found:
+        raise argparse.ArgumentTypeError("give a step name")
+    return found
+
+
+def settings_of(args: argparse.Namespace) -> Settings:
+    dataset = None if args.dataset is None else str(Path(args.dataset).resolve())
+    return Settings(model=args.model, tp=args.tp, quick=args.quick, dataset=dataset)
+
+
+def _executable(option: str, value: str, hint: str) -> str | None:
+    if shutil.which(value) is None:
+        return f"{option} {value}: no such executable ({hint})"
+    return None
+
+
+def problem(args: argparse.Namespace, stored: dict | None) -> str | None:
+    """The first thing wrong with these options, in one line; None when nothing is.
+    ``stored``: the settings of the reproduction already in ``--out``, if any."""
+    from ..cli import _plugin_settings_problem, _uncreatable_dir
+    from ..validation import serve_bench as sb
+
+    settings = settings_of(args)
+    known = names(settings)
+    unknown = [n for group in args.redo for n in group if n not in known]
+    if unknown:
+        return f"--redo {unknown[0]}: no such step here; the steps: {', '.join(known)}"
+    if why := _uncreatable_dir(args.out):
+        return f"--out {args.out} {why}"
+    if stored is not None and stored != settings.to_json():
+        was = Settings(**stored).describe()
+        return (
+            f"--out {args.out} holds a reproduction of {was}; rerun with those options to "
+            "resume it, or give another --out"
+        )
+    path = Path(args.model).expanduser()
+    if args.model.startswith((os.sep, ".", "~")) or path.exists():
+        if not (path / "config.json").is_file():
+            return f"--model {args.model}: not a model directory with a config.json"
+        try:
+            choices.check_model_config(path, args.tp)
+        except (choices.InputError, ValueError) as exc:
+            return str(exc)
+    if args.dataset is not None:
+        path = Path(args.dataset)
+        why = sb.file_problem(path) or sb.sharegpt_problem(path)
+        if why:
+            return f"--dataset {args.dataset} {why}"
+    for option, value, hint in (
+        ("--vllm", args.vllm, "is vLLM installed and on PATH?"),
+        ("--lm-eval", args.lm_eval, "pip install 'lm-eval[api]'"),
+    ):
+        if why := _executable(option, value, hint):
+            return why
+    if args.gpu_tools is not None and (
+        why := _executable("--gpu-tools", args.gpu_tools, "give an executable")
+    ):
+        return why
+    if bad := _plugin_settings_problem():
+        return bad
+    try:
+        socket.getaddrinfo(args.host, args.port)
+    except (OSError, UnicodeError) as exc:
+        return f"--host {args.host!r} does not resolve ({getattr(exc, 'strerror', None) or exc})"
+    if why := sb.listen_problem(args.host, args.port):
+        return (
+            f"--host {args.host} --port {args.port}: cannot listen there ({why}); a server "
+            "left by a killed run? stop it first"
+        )
+    return None

@@ -1,0 +1,137 @@
+"""What a reproduction keeps in ``--out DIR``, and what of it is done.
+
+``DIR/reproduction.json``      what this is a reproduction of (a rerun must match)
+``DIR/steps/NAME.json``        one finished step: ok or failed, its figures, its time
+``DIR/files/NAME/``            what the step's tools wrote (result files, server logs)
+``DIR/environment/N.json``     the environment of invocation N (1, 2, ... on resumes)
+``DIR/report.md``, ``report.json``, ``DIR/plots/*.png``
+
+Every file is written whole (a temporary file renamed into place), so a run killed at
+any moment leaves each step either recorded or not.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+OK, FAILED = "ok", "failed"
+
+
+@dataclass
+class StepRecord:
+    name: str
+    status: str
+    seconds: float
+    finished: str
+    invocation: int
+    result: dict[str, Any]
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == OK
+
+
+def write_json(path: Path, data: Any) -> None:
+    """``data`` into ``path`` whole: a temporary file beside it, renamed over it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=2)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def write_text(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+class Store:
+    """The results directory of one reproduction."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    @property
+    def settings_path(self) -> Path:
+        return self.root / "reproduction.json"
+
+    def step_path(self, name: str) -> Path:
+        return self.root / "steps" / f"{name}.json"
+
+    def files(self, name: str) -> Path:
+        """The step's own directory for what its tools write."""
+        return self.root / "files" / name
+
+    def settings(self) -> dict[str, Any] | None:
+        try:
+            return json.loads(self.settings_path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return None
+
+    def save_settings(self, settings: dict[str, Any]) -> None:
+        write_json(self.settings_path, settings)
+
+    def record(self, name: str) -> StepRecord | None:
+        """The step's record, or None when it has not finished (or its file is not one
+        this command wrote, which counts as not finished)."""
+        try:
+            data = json.loads(self.step_path(name).read_text(encoding="utf-8"))
+            return StepRecord(**data)
+        except (OSError, ValueError, TypeError):
+            return None
+
+    def save(self, record: StepRecord) -> None:
+        write_json(self.step_path(record.name), asdict(record))
+
+    def forget(self, name: str) -> None:
+        """``--redo``: the step's record and files go; it runs again."""
+        self.step_path(name).unlink(missing_ok=True)
+        shutil.rmtree(self.files(name), ignore_errors=True)
+
+    def fresh_files(self, name: str) -> Path:
+        """The step's files directory, emptied of an earlier unfinished attempt."""
+        path = self.files(name)
+        shutil.rmtree(path, ignore_errors=True)
+        path.mkdir(parents=True)
+        return path
+
+    def environments(self) -> list[dict[str, Any]]:
+        found = []
+        for path in sorted(
+            (self.root / "environment").glob("*.json"), key=lambda p: int(p.stem or 0)
+        ):
+            try:
+                found.append(json.loads(path.read_text(encoding="utf-8")))
+            except (OSError, ValueError):
+                continue
+        return found
+
+    def begin(self, environment: dict[str, Any]) -> int:
+        """Record this invocation's environment; returns its number (1 for the first)."""
+        number = len(list((self.root / "environment").glob("*.json"))) + 1
+        write_json(
+            self.root / "environment" / f"{number}.json", environment | {"invocation": number}
+        )
+        return number
