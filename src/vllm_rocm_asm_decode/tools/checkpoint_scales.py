@@ -19,11 +19,18 @@ What the numbers mean (vLLM 0.33):
 - vLLM uses KV scales only when the checkpoint is quantized (``config.json`` has a
   ``quantization_config``); otherwise it keeps 1.0 whatever the files hold. Checking that
   is the caller's business.
+- A scale that is not a finite number above 0 (NaN, inf, 0, negative) is refused here:
+  vLLM stops loading on some (a NaN or non-positive K), quietly reads a negative pair
+  as absent (1.0) and would quantize with the rest; none is a calibrated scale.
+- What vLLM refuses at load is checked by :func:`load_problem` against the
+  checkpoint's ``quantization_config``: one scale per tensor outside compressed-tensors'
+  ``attn_head`` strategy, and a V scale without its K outside compressed-tensors.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -59,6 +66,8 @@ class KvScales:
     k: dict[int, float]
     v: dict[int, float]
     files: tuple[str, ...]
+    #: ``(name, shape)`` of each scale tensor of more than one element (per head).
+    per_head: tuple[tuple[str, tuple[int, ...]], ...] = ()
 
 
 @lru_cache(maxsize=1)
@@ -129,7 +138,11 @@ def _files_to_open(model_dir: Path) -> dict[Path, list[str] | None]:
     """
     index = model_dir / INDEX_NAME
     if not index.is_file():
-        return {path: None for path in sorted(model_dir.glob("*.safetensors"))}
+        found = sorted(model_dir.glob("*.safetensors"))
+        for path in found:
+            if path.is_dir():
+                raise CheckpointError(f"{path} is a directory, not a safetensors file")
+        return dict.fromkeys(found)
     try:
         weight_map = json.loads(index.read_text())["weight_map"]
         entries = [(str(name), str(file)) for name, file in weight_map.items()]
@@ -139,9 +152,15 @@ def _files_to_open(model_dir: Path) -> dict[Path, list[str] | None]:
     for name, file in entries:
         if _kv_scale_target(name) is not None:
             wanted.setdefault(model_dir / file, []).append(name)
-    for path in wanted:
-        if not path.is_file():
+    for path, names in wanted.items():
+        if path.is_dir():
+            raise CheckpointError(
+                f"{index} places {names[0]} in {path}, a directory, not a safetensors file"
+            )
+        if not path.exists():
             raise CheckpointError(f"{path} (listed in {index.name}) does not exist")
+        if not path.is_file():
+            raise CheckpointError(f"{path} (listed in {index.name}) is not a regular file")
     return {path: names for path, names in wanted.items()}
 
 
@@ -154,10 +173,12 @@ def read_kv_scales(model_dir: Path) -> KvScales | None:
     A scale tensor with more than one element (a compressed-tensors ``attn_head`` scheme,
     one scale per KV head) gives its maximum: that is the single float vLLM's
     compressed-tensors KV method hands the attention backend, the value the scale tables
-    are built from. (vLLM's other KV methods refuse such a tensor at load time.)
+    are built from. (vLLM's other KV methods refuse such a tensor at load time:
+    :func:`load_problem` says so.)
 
-    Raises :class:`CheckpointError` when a file that may hold scales cannot be read, when a
-    scale tensor is empty, or when one layer is given two different K (or V) scales.
+    Raises :class:`CheckpointError` when a file that may hold scales cannot be read (or
+    is a directory), when a scale tensor is empty or holds a value that is not a finite
+    number above 0, or when one layer is given two different K (or V) scales.
     """
     from safetensors import SafetensorError, safe_open
 
@@ -166,6 +187,7 @@ def read_kv_scales(model_dir: Path) -> KvScales | None:
         return None
     found: dict[str, dict[int, tuple[float, str]]] = {"k": {}, "v": {}}
     files: list[str] = []
+    per_head: list[tuple[str, tuple[int, ...]]] = []
     for path, names in _files_to_open(model_dir).items():
         try:
             with safe_open(str(path), framework="pt") as f:
@@ -183,10 +205,19 @@ def read_kv_scales(model_dir: Path) -> KvScales | None:
         for name, tensor in values.items():
             if tensor.numel() == 0:
                 raise CheckpointError(f"{path}: KV scale {name} is empty")
+            flat = tensor.float().flatten()
+            bad = [float(x) for x in flat if not (math.isfinite(float(x)) and float(x) > 0)]
+            if bad:
+                raise CheckpointError(
+                    f"{path}: KV scale {name} holds {bad[0]}; a KV scale must be a finite "
+                    "number above 0"
+                )
+            if tensor.numel() > 1:
+                per_head.append((name, tuple(tensor.shape)))
             target = _kv_scale_target(name)
             assert target is not None
             side, layer = target
-            value = float(tensor.float().max())
+            value = float(flat.max())
             earlier = found[side].get(layer)
             if earlier is not None and earlier[0] != value:
                 raise CheckpointError(
@@ -202,7 +233,39 @@ def read_kv_scales(model_dir: Path) -> KvScales | None:
         k={layer: v for layer, (v, _) in sorted(found["k"].items())},
         v={layer: v for layer, (v, _) in sorted(found["v"].items())},
         files=tuple(sorted(files)),
+        per_head=tuple(per_head),
     )
+
+
+def load_problem(scales: KvScales, quantization: object) -> str | None:
+    """What in ``scales`` vLLM 0.33 refuses at load for a checkpoint with this
+    ``quantization_config`` (one line), or None.
+
+    Only compressed-tensors' ``attn_head`` strategy loads a scale per KV head; vLLM's
+    other KV-cache methods take a tensor of one element and stop on any other shape.
+    Only compressed-tensors keeps 1.0 for a K scale that is absent beside a V scale; the
+    others stop loading on a V scale without its K.
+    """
+    config = quantization if isinstance(quantization, dict) else {}
+    method = str(config.get("quant_method", "")).lower()
+    compressed = method == "compressed-tensors"
+    scheme = config.get("kv_cache_scheme")
+    strategy = scheme.get("strategy") if isinstance(scheme, dict) else None
+    if scales.per_head and not (compressed and strategy == "attn_head"):
+        name, shape = scales.per_head[0]
+        return (
+            f"KV scale {name} has shape {list(shape)}: vLLM loads one scale per tensor for "
+            f"{method or 'this'} checkpoints (one per KV head only under compressed-tensors' "
+            "attn_head strategy) and refuses it at load"
+        )
+    if not compressed:
+        v_only = sorted(set(scales.v) - set(scales.k))
+        if v_only:
+            return (
+                f"layer {v_only[0]} has a V scale but no K scale: vLLM's KV-cache method for "
+                f"{method or 'this'} checkpoints stops loading on that"
+            )
+    return None
 
 
 def layer_scales(scales: KvScales | None, num_layers: int) -> list[tuple[float, float]]:
@@ -213,8 +276,8 @@ def layer_scales(scales: KvScales | None, num_layers: int) -> list[tuple[float, 
     - both scales given: those two;
     - neither given (or no scales at all): 1.0 and 1.0;
     - only K given, which is what a deprecated ``.kv_scale`` loads as: K for both;
-    - only V given: vLLM's fp8 method stops loading on this; compressed-tensors keeps 1.0
-      for K, which is what is returned.
+    - only V given: vLLM's fp8 method stops loading on this (:func:`load_problem`);
+      compressed-tensors keeps 1.0 for K, which is what is returned.
 
     (For compressed-tensors checkpoints with only K, vLLM keeps V at 1.0 rather than
     copying K; such checkpoints are not known to exist.) Scales of layers at or beyond

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
+import re
+import traceback
 import warnings
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -36,12 +39,14 @@ from .choices import (
     DEFAULT_GPU,
     DEFAULT_PRESET,
     GPUS,
+    MAX_LAYERS,
     Gpu,
     InputError,
     first_line,
     resolve_model_dir,
 )
 from .contract_model import original_time_model
+from .plan_input import check_config, check_model_path
 
 #: A problem with the user's input (one line, exit 2).
 PlanError = InputError
@@ -184,17 +189,61 @@ def _model_config(model_dir: Path, label: str, dtype: str, max_model_len: int | 
                 max_model_len=max_model_len,
             )
     except Exception as exc:  # vLLM's own validation errors, unreadable configs
+        if _in_dtype_fallback(exc):
+            raise PlanError(
+                f"vLLM refuses {label}: the checkpoint's dtype (config.json's torch_dtype, "
+                "else its weights') is not one vLLM runs a model in here (bfloat16, "
+                "float16, float32); give --dtype"
+            ) from exc
         raise PlanError(f"vLLM refuses {label}: {_what_is_wrong(exc)}") from exc
 
 
+def _in_dtype_fallback(exc: BaseException) -> bool:
+    """Whether ``exc`` came from vLLM's ``--dtype auto`` falling back from a checkpoint
+    dtype it does not run models in: off a GPU platform, the fallback cannot name the
+    device and raises a bare ``NotImplementedError``."""
+    if not isinstance(exc, NotImplementedError) or str(exc).strip():
+        return False
+    return any(f.name == "_resolve_auto_dtype" for f in traceback.extract_tb(exc.__traceback__))
+
+
+#: The first line of huggingface_hub's error for a config field of the wrong type.
+_STRICT_FIELD = re.compile(r"Validation error for field '(\w+)':")
+#: ``<class 'transformers.modeling_rope_utils.RopeParameters'>`` -> ``RopeParameters``.
+_CLASS_NAME = re.compile(r"<class '(?:[\w.]+\.)?(\w+)'>")
+
+
 def _what_is_wrong(exc: BaseException) -> str:
-    """The line of a vLLM (pydantic) config error that says what is wrong, not its
-    ``1 validation error for ModelConfig`` header nor transformers' retry advice."""
+    """The one line of a vLLM (pydantic) or Transformers config error that says what is
+    wrong with which field: not pydantic's ``1 validation error for ModelConfig`` header,
+    the field alone, nor transformers' retry advice."""
+    errors = getattr(exc, "errors", None)
+    if callable(errors) and type(exc).__name__ == "ValidationError":  # pydantic's
+        with contextlib.suppress(Exception):
+            first = errors()[0]
+            message = str(first["msg"]).strip().splitlines()[0]
+            for prefix in ("Value error,", "Assertion failed,"):
+                if message.startswith(prefix):
+                    reason = message.removeprefix(prefix).split(" [type=")[0].strip()
+                    return reason.split(". ")[0]  # the first sentence says it
+            where = ".".join(str(part) for part in first.get("loc", ()))
+            given = first.get("input")
+            got = f" (got {type(given).__name__} {given!r})" if "input" in first else ""
+            return f"{where}: {message}{got}" if where else f"{message}{got}"
     lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
     for line in lines:
         if line.startswith(("Value error,", "Assertion failed,")):
             reason = line.split(",", 1)[1].split(" [type=")[0].strip()
             return reason.split(". ")[0]  # the first sentence says it; the rest advises
+    strict = _STRICT_FIELD.fullmatch(lines[0]) if lines else None
+    if strict and len(lines) > 1:  # huggingface_hub's strict dataclass fields
+        field_name = strict.group(1)
+        cause = lines[1].split(": ", 1)[-1]  # without its "TypeError: "
+        cause = _CLASS_NAME.sub(r"\1", cause.split(". Errors:")[0])
+        cause = cause.replace(f"Field {field_name!r} ", "").removeprefix("with ")
+        # Transformers reads rope_scaling into rope_parameters.
+        alias = " (rope_scaling)" if field_name == "rope_parameters" else ""
+        return f"config.json field {field_name!r}{alias}: {cause}"
     meaningful = [line for line in lines if "validation error" not in line]
     return (meaningful or lines or [type(exc).__name__])[0]
 
@@ -252,6 +301,11 @@ def plan_layers(
         raise
     except Exception as exc:
         raise PlanError(f"config.json lacks attention fields: {first_line(exc)}") from exc
+    if num_layers > MAX_LAYERS:  # one layer is built per count
+        raise PlanError(
+            f"vLLM reads {num_layers} layers from config.json; no model has more than "
+            f"{MAX_LAYERS} layers"
+        )
     if num_kv_heads < 1 or num_heads % num_kv_heads:
         raise PlanError(
             f"{num_heads} attention heads per rank are not a multiple of {num_kv_heads} KV "
@@ -260,19 +314,37 @@ def plan_layers(
     window = model_config.get_sliding_window()
     layer_types = getattr(hf, "layer_types", None) or []
     # The softmax scale models give their attention layers.
-    if getattr(hf, "query_pre_attn_scalar", None):
-        scale = float(hf.query_pre_attn_scalar) ** -0.5
-    elif getattr(hf, "attention_multiplier", None):
-        scale = float(hf.attention_multiplier)
+    pre_attn = _attention_number(hf, "query_pre_attn_scalar")
+    multiplier = _attention_number(hf, "attention_multiplier")
+    if pre_attn is not None:
+        if pre_attn <= 0:
+            raise PlanError(
+                f"config.json: query_pre_attn_scalar is {pre_attn:g}; it must be above 0 "
+                "(queries are scaled by its -1/2 power)"
+            )
+        scale = pre_attn**-0.5
+    elif multiplier:
+        scale = multiplier
     else:
         scale = head_size**-0.5
-    soft_cap = float(getattr(hf, "attn_logit_softcapping", None) or 0.0) or None
+    soft_cap = _attention_number(hf, "attn_logit_softcapping") or None
+    if soft_cap is not None and soft_cap < 0:
+        raise PlanError(
+            f"config.json: attn_logit_softcapping is {soft_cap:g}; a logit soft cap must be "
+            "0 (none) or above"
+        )
     alibi = bool(getattr(hf, "alibi", False)) or hf.model_type in ("bloom", "mpt")
     sinks = torch.zeros(num_heads) if hf.model_type == "gpt_oss" else None
     attn_type = (
         AttentionType.ENCODER_DECODER if model_config.is_encoder_decoder else AttentionType.DECODER
     )
     # ROCM_ATTN's cache as vLLM binds it under its preferred LHBNC layout (dense pages).
+    if 2 * num_blocks * block_size * num_kv_heads * head_size >= 2**63:
+        raise PlanError(
+            f"--block-size {block_size}: a KV cache of {num_blocks} block(s) of {block_size} "
+            f"tokens x {num_kv_heads} KV heads x {head_size} dims has more elements than a "
+            "tensor can index (2^63)"
+        )
     element = torch.uint8 if kv_cache_dtype.startswith("fp8") else model_config.dtype
     groups = torch.empty(
         2, num_blocks, block_size, num_kv_heads * head_size, dtype=element, device="meta"
@@ -302,6 +374,17 @@ def plan_layers(
         )
         layers.append(PlanLayer(impl, kv_cache))
     return layers
+
+
+def _attention_number(hf, name: str) -> float | None:
+    """A number of the model's attention from its config (None when absent), as the
+    model class would compute with it: a finite int or float, else a :class:`PlanError`."""
+    value = getattr(hf, name, None)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise PlanError(f"config.json: {name} is {value!r}; it must be a finite number")
+    return float(value)
 
 
 def table_count(
@@ -342,7 +425,13 @@ def kv_cache_bytes_per_block(layers: list[PlanLayer]) -> int:
 
 def checkpoint_scales(model_dir: Path, label: str, model_config, num_layers: int):
     """Per-layer (K, V) scales as vLLM will use them, and a word on where they come from."""
-    from .checkpoint_scales import CheckpointError, checkpoint_format, layer_scales, read_kv_scales
+    from .checkpoint_scales import (
+        CheckpointError,
+        checkpoint_format,
+        layer_scales,
+        load_problem,
+        read_kv_scales,
+    )
 
     ones = [(1.0, 1.0)] * num_layers
     if label.startswith("preset "):
@@ -355,8 +444,11 @@ def checkpoint_scales(model_dir: Path, label: str, model_config, num_layers: int
         raise PlanError(str(exc)) from exc
     if found is None:
         return ones, "1.0 (none in the checkpoint)"
-    if getattr(model_config.hf_config, "quantization_config", None) is None:
+    quantization = getattr(model_config.hf_config, "quantization_config", None)
+    if quantization is None:
         return ones, "1.0 (the checkpoint's are unused: config.json has no quantization_config)"
+    if problem := load_problem(found, quantization):
+        raise PlanError(f"{label}: {problem}")
     return layer_scales(found, num_layers), "checkpoint"
 
 
@@ -368,10 +460,15 @@ def switched_off() -> str | None:
         return f"{settings.SWITCH_ENV}=0 (the asm decode is off)"
     if settings.left_out_by_vllm_plugins():
         return f"VLLM_PLUGINS={os.environ['VLLM_PLUGINS']!r} leaves the plugin out"
-    for name, default in (("VLLM_ROCM_USE_AITER", None), ("VLLM_ROCM_USE_AITER_MHA", "1")):
-        value = os.environ.get(name, default)
-        if value is not None and value.strip().lower() not in ("1", "true"):
-            return f"{name}={value} (the asm decode is off)"
+    from vllm.envs import environment_variables  # vLLM's own reading, uncached
+
+    for name in ("VLLM_ROCM_USE_AITER", "VLLM_ROCM_USE_AITER_MHA"):
+        value = os.environ.get(name)
+        if name == "VLLM_ROCM_USE_AITER" and value is None:
+            continue  # planned as the deployment sets it (a note says so)
+        if not environment_variables[name]():
+            shown = value if value and value.strip() == value else repr(value)
+            return f"{name}={shown} (the asm decode is off)"
     return None
 
 
@@ -428,7 +525,9 @@ def make_plan(
     cudagraph_mode: str = "FULL_AND_PIECEWISE",
 ) -> Plan:
     """The plan; ``aiter_version="installed"`` reads the installed AITER's (None: unknown)."""
+    check_model_path(model)
     model_dir, label = resolve_model_dir(model)
+    check_config(model_dir, dtype)
     the_gpu = resolve_gpu(gpu)
     model_config = _model_config(model_dir, label, dtype, max_model_len)
     layers = plan_layers(

@@ -1,0 +1,96 @@
+"""What ``plan`` judges from ``--model`` and ``config.json`` before torch or vLLM is
+imported: a path the OS can look up, layer counts in every section of the config, the
+attention numbers ``plan`` (and vLLM's model classes) compute the softmax scale and soft
+cap from, and a checkpoint dtype vLLM's ``--dtype auto`` can serve. Each problem is one
+line (:class:`~.choices.InputError`)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+from .choices import LAYER_COUNT_KEYS, MAX_LAYERS, InputError, attention_section
+
+#: The dtypes vLLM runs a model in; ``--dtype auto`` takes the checkpoint's when it is
+#: one of them (``float32`` is cast down), and otherwise falls back to the platform's.
+MODEL_DTYPES = ("bfloat16", "float16", "half", "float32", "float")
+#: Attention numbers models give in ``config.json``: the query scaling of Gemma 2/3
+#: (``query_pre_attn_scalar ** -0.5``), Granite's softmax scale, Gemma 2's logit cap.
+SCALAR_FIELDS = ("query_pre_attn_scalar", "attention_multiplier", "attn_logit_softcapping")
+
+
+def check_model_path(model: str) -> None:
+    """``--model`` as a path the OS can look up (a name not too long, a ``~user`` that
+    exists); a name that is simply absent is left to the caller."""
+    try:
+        path = Path(model).expanduser()
+    except RuntimeError:  # ~user of a user this machine does not have
+        user = model[1:].split(os.sep, 1)[0]
+        raise InputError(
+            f"--model {model}: there is no user {user!r} here, so ~{user} names no directory"
+        ) from None
+    try:
+        os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    except (OSError, ValueError) as exc:  # a name too long, a loop of links, a NUL
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise InputError(f"--model {model}: {why}") from None
+
+
+def _sections(raw: dict) -> list[tuple[str, dict]]:
+    """The config's top level and each sub-config in it (``text_config``, ...)."""
+    return [("", raw), *((f"{k}.", v) for k, v in raw.items() if isinstance(v, dict))]
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def check_config(model_dir: Path, dtype: str = "auto") -> None:
+    """What ``config.json`` alone decides beyond :func:`~.choices.check_model_config`:
+
+    - every layer count, in every section (a LLaVA-style ``text_config`` too), at most
+      :data:`~.choices.MAX_LAYERS`;
+    - :data:`SCALAR_FIELDS` numbers, finite, ``query_pre_attn_scalar`` above 0 and a
+      soft cap not below 0 (a model class would take a string or a negative root);
+    - under ``--dtype auto``, a checkpoint dtype vLLM runs models in.
+    """
+    config = model_dir / "config.json"
+    raw = json.loads(config.read_text())
+    for prefix, section in _sections(raw):
+        for key in LAYER_COUNT_KEYS:
+            value = section.get(key)
+            if _is_number(value) and value > MAX_LAYERS:
+                raise InputError(
+                    f"{config}: {prefix}{key} is {value}; no model has more than "
+                    f"{MAX_LAYERS} layers"
+                )
+    text = attention_section(raw)
+    text_prefix = next((f"{k}." for k, v in raw.items() if v is text), "")
+    for key in SCALAR_FIELDS:
+        value = text.get(key)
+        if value is None:
+            continue
+        name = f"{config}: {text_prefix}{key} is {json.dumps(value)}"
+        if not _is_number(value) or not math.isfinite(value):
+            raise InputError(f"{name}; it must be a finite number")
+        if key == "query_pre_attn_scalar" and value <= 0:
+            raise InputError(f"{name}; it must be above 0 (queries are scaled by its -1/2 power)")
+        if key == "attn_logit_softcapping" and value < 0:
+            raise InputError(f"{name}; a logit soft cap must be 0 (none) or above")
+    if dtype != "auto":
+        return
+    for prefix, section in (("", raw), (text_prefix, text)):
+        for key in ("dtype", "torch_dtype"):
+            value = section.get(key)
+            if value is None:
+                continue
+            if not isinstance(value, str) or value not in MODEL_DTYPES:
+                raise InputError(
+                    f"{config}: {prefix}{key} is {json.dumps(value)}, not a dtype vLLM runs "
+                    f"a model in (bfloat16, float16, float32); give --dtype"
+                )
+            return  # vLLM reads the first it finds

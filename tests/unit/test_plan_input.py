@@ -1,0 +1,253 @@
+"""``plan`` on inputs a new user gives (issue 21): config values vLLM's config takes but
+the plan path did not, paths the OS refuses, vLLM's variables read as vLLM reads them,
+layer counts in sub-configs, and vLLM's own reasons kept whole. Each is one line on
+stderr and exit 2 (or the right answer)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from vllm_rocm_asm_decode.tools import plan as plan_module
+from vllm_rocm_asm_decode.tools.choices import PRESETS_DIR, InputError
+from vllm_rocm_asm_decode.tools.cli import main
+from vllm_rocm_asm_decode.tools.plan import make_plan
+
+#: The qwen3-8b preset's config.json ("base" in issue 21).
+BASE = json.loads((PRESETS_DIR / "qwen3-8b" / "config.json").read_text())
+GEMMA2 = {
+    "architectures": ["Gemma2ForCausalLM"],
+    "model_type": "gemma2",
+    "hidden_size": 4608,
+    "head_dim": 128,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 16,
+    "num_hidden_layers": 4,
+    "intermediate_size": 1024,
+    "vocab_size": 1000,
+    "max_position_embeddings": 4096,
+    "query_pre_attn_scalar": 144,
+    "attn_logit_softcapping": 50.0,
+    "torch_dtype": "bfloat16",
+}
+LONG = "/tmp/" + "a" * 300
+
+
+def model_dir(tmp_path: Path, config: dict) -> str:
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    return str(tmp_path)
+
+
+def one_line_exit_2(argv: list[str], capsys) -> str:
+    try:
+        code = main(argv)
+    except SystemExit as exc:  # argparse's own usage errors
+        code = exc.code
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, (code, err)
+    assert err[0].startswith("vllm-rocm-asm-decode "), err
+    return err[0]
+
+
+# --------------------------------------------------------------------------------------
+# 1: attention numbers a model class computes with
+
+
+BAD_NUMBERS = {
+    "attention-multiplier-text": (BASE | {"attention_multiplier": "x"}, "attention_multiplier"),
+    "pre-attn-scalar-text": (BASE | {"query_pre_attn_scalar": "abc"}, "query_pre_attn_scalar"),
+    "softcap-text": (BASE | {"attn_logit_softcapping": "x"}, "attn_logit_softcapping"),
+    "pre-attn-scalar-negative": (BASE | {"query_pre_attn_scalar": -1}, "must be above 0"),
+    "gemma2-pre-attn-scalar-negative": (
+        GEMMA2 | {"query_pre_attn_scalar": -128},
+        "query_pre_attn_scalar is -128; it must be above 0",
+    ),
+    "pre-attn-scalar-zero": (BASE | {"query_pre_attn_scalar": 0}, "must be above 0"),
+    "softcap-negative": (GEMMA2 | {"attn_logit_softcapping": -5.0}, "0 (none) or above"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_NUMBERS), ids=list(BAD_NUMBERS))
+def test_attention_numbers_are_judged_before_vllm(tmp_path, case, capsys):
+    config, message = BAD_NUMBERS[case]
+    line = one_line_exit_2(["plan", "--model", model_dir(tmp_path, config)], capsys)
+    assert message in line and "config.json" in line, line
+
+
+@pytest.mark.parametrize(
+    ("case", "field"),
+    [
+        ("attention-multiplier-text", "attention_multiplier"),
+        ("pre-attn-scalar-negative", "query_pre_attn_scalar"),
+        ("softcap-text", "attn_logit_softcapping"),
+        ("softcap-negative", "attn_logit_softcapping"),
+    ],
+)
+def test_attention_numbers_are_judged_where_plan_builds_the_layers_too(
+    tmp_path, case, field, monkeypatch
+):
+    """The same values reaching plan_layers (the early check left out) are one line."""
+    monkeypatch.setattr(plan_module, "check_config", lambda *args: None)
+    config, _ = BAD_NUMBERS[case]
+    with pytest.raises(InputError, match=f"config.json: {field} is"):
+        make_plan(model=model_dir(tmp_path, config), gpu="mi355x")
+
+
+def test_a_valid_gemma2_scalar_still_plans(tmp_path):
+    plan = make_plan(model=model_dir(tmp_path, GEMMA2), gpu="mi355x")
+    assert "softmax scale 0.0833333 != 1/sqrt(128)" in plan.reasons
+
+
+# --------------------------------------------------------------------------------------
+# 2, 3, 4, and ASCII digits: options and paths
+
+
+def test_a_block_size_past_what_a_tensor_indexes_is_one_line(capsys):
+    line = one_line_exit_2(
+        ["plan", "--model", "qwen3-8b", "--block-size", "99999999999999999999"], capsys
+    )
+    assert "--block-size 99999999999999999999" in line and "2^63" in line, line
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["plan", "--model", LONG],
+        ["check", "accuracy", "--json", LONG + ".json"],
+        ["bench", "kernel", "--json", LONG + ".json"],
+    ],
+    ids=["plan-model", "accuracy-json", "kernel-json"],
+)
+def test_a_path_too_long_for_the_os_is_one_line(argv, capsys):
+    assert "File name too long" in one_line_exit_2(argv, capsys)
+
+
+def test_a_home_of_a_user_that_does_not_exist_is_one_line(capsys):
+    line = one_line_exit_2(["plan", "--model", "~nosuchuser/x"], capsys)
+    assert "no user 'nosuchuser'" in line, line
+
+
+@pytest.mark.parametrize(
+    "digit", ["\uff14", "\u0663", "\u00b2"], ids=["fullwidth", "arabic-indic", "super"]
+)
+def test_plan_numbers_take_ascii_digits_only(digit, capsys):
+    line = one_line_exit_2(["plan", "-tp", digit], capsys)
+    assert "is not a whole number (ASCII digits)" in line, line
+
+
+# --------------------------------------------------------------------------------------
+# 12: vLLM's variables, read by vLLM's own envs
+
+SPELLINGS = ["1", "true", "TRUE", "True", " 1 ", "1 ", " true", "0", "false", "", "yes", "on"]
+
+
+@pytest.mark.parametrize("name", ["VLLM_ROCM_USE_AITER", "VLLM_ROCM_USE_AITER_MHA"])
+def test_vllms_rocm_switches_are_read_as_vllm_envs_reads_them(name, monkeypatch):
+    import vllm.envs as envs
+
+    for other in ("VLLM_ROCM_USE_AITER", "VLLM_ROCM_USE_AITER_MHA", "VLLM_ROCM_ASM_DECODE"):
+        monkeypatch.delenv(other, raising=False)
+    monkeypatch.delenv("VLLM_PLUGINS", raising=False)
+    for spelling in SPELLINGS:
+        monkeypatch.setenv(name, spelling)
+        off = plan_module.switched_off()
+        assert (off is None) == getattr(envs, name), (name, spelling, off)
+        if off is not None:
+            assert off.startswith(f"{name}=") and "(the asm decode is off)" in off
+
+
+def test_a_padded_one_turns_the_asm_decode_off_as_in_vllm(monkeypatch):
+    monkeypatch.delenv("VLLM_ROCM_USE_AITER_MHA", raising=False)
+    monkeypatch.setenv("VLLM_ROCM_USE_AITER", " 1 ")
+    plan = make_plan(gpu="mi355x")
+    assert not plan.eligible
+    assert plan.reasons == ["VLLM_ROCM_USE_AITER=' 1 ' (the asm decode is off)"]
+
+
+# --------------------------------------------------------------------------------------
+# 15: the layer bound in every section
+
+
+def llava(layers: int) -> dict:
+    text = {k: v for k, v in BASE.items() if k != "architectures"} | {"num_hidden_layers": layers}
+    return {
+        "architectures": ["LlavaForConditionalGeneration"],
+        "model_type": "llava",
+        "num_attention_heads": 32,
+        "num_hidden_layers": 32,  # what the top-level check reads
+        "text_config": text,
+        "vision_config": {"model_type": "clip_vision_model", "num_hidden_layers": 24},
+    }
+
+
+@pytest.mark.parametrize("layers", [20_000, 3_000_000])
+def test_layers_in_a_text_config_are_bounded(tmp_path, layers, capsys):
+    line = one_line_exit_2(["plan", "--model", model_dir(tmp_path, llava(layers))], capsys)
+    assert f"text_config.num_hidden_layers is {layers}" in line and "1024" in line, line
+
+
+def test_the_layer_count_vllm_reads_is_bounded_too(tmp_path, monkeypatch):
+    monkeypatch.setattr(plan_module, "check_config", lambda *args: None)
+    model = model_dir(tmp_path, BASE | {"num_hidden_layers": 2000})
+    with pytest.raises(InputError, match="vLLM reads 2000 layers"):
+        make_plan(model=model, gpu="mi355x")
+
+
+# --------------------------------------------------------------------------------------
+# 18: vLLM's (and Transformers') reason, whole
+
+REASONS = {
+    "head-dim-fraction": (
+        {"head_dim": 128.5},
+        "config.json field 'head_dim': expected int, got float (value: 128.5)",
+    ),
+    "head-dim-text": ({"head_dim": "128"}, "field 'head_dim': expected int, got str"),
+    "max-position-text": (
+        {"max_position_embeddings": "4096"},
+        "field 'max_position_embeddings': expected int, got str (value: '4096')",
+    ),
+    "sliding-window-text": (
+        {"sliding_window": "4096"},
+        "field 'sliding_window': value '4096' doesn't match any type in (int, NoneType)",
+    ),
+    "sliding-window-list": ({"sliding_window": [1, 2]}, "field 'sliding_window': value [1, 2]"),
+    "rope-scaling-text": (
+        {"rope_scaling": "yes"},
+        "field 'rope_parameters' (rope_scaling): value 'yes' doesn't match any type in",
+    ),
+    "architectures-text": (
+        {"architectures": "Qwen3ForCausalLM"},
+        "architectures: Input should be a valid list (got str 'Qwen3ForCausalLM')",
+    ),
+    "fp8-torch-dtype": (
+        {"torch_dtype": "float8_e4m3fn"},
+        'torch_dtype is "float8_e4m3fn", not a dtype vLLM runs a model in',
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(REASONS), ids=list(REASONS))
+def test_vllms_reason_is_one_whole_line(tmp_path, case, capsys, monkeypatch):
+    import types
+
+    from vllm.transformers_utils import repo_utils
+
+    # vLLM retries reading a config after 2 s; the answer is the same without the wait.
+    monkeypatch.setattr(repo_utils, "time", types.SimpleNamespace(sleep=lambda seconds: None))
+    overrides, message = REASONS[case]
+    line = one_line_exit_2(["plan", "--model", model_dir(tmp_path, BASE | overrides)], capsys)
+    assert message in line and not line.endswith(":"), line
+
+
+def test_the_dtype_fallback_off_a_gpu_says_what_is_wrong():
+    def _resolve_auto_dtype():  # the name of vLLM's function that raises it
+        raise NotImplementedError
+
+    try:
+        _resolve_auto_dtype()
+    except NotImplementedError as exc:
+        assert plan_module._in_dtype_fallback(exc)
+    assert not plan_module._in_dtype_fallback(NotImplementedError("other"))
