@@ -19,6 +19,7 @@ from vllm_rocm_asm_decode.tools.checkpoint_scales import (
     KvScales,
     checkpoint_format,
     layer_scales,
+    load_problem,
     read_kv_scales,
 )
 
@@ -354,3 +355,138 @@ def test_layer_scales_one_sided_layers_follow_vllm():
 def test_layer_scales_drops_layers_beyond_the_model():
     scales = KvScales(k={0: 0.5, 3: 0.25}, v={0: 0.75, 3: 0.375}, files=("m.safetensors",))
     assert layer_scales(scales, 2) == [(0.5, 0.75), (1.0, 1.0)]
+
+
+# --------------------------------------------------------------------------------------
+# Issue 21, items 20 and 22: scales vLLM cannot use, and files that are not files
+
+
+@pytest.mark.parametrize(
+    "value",
+    [float("nan"), float("inf"), float("-inf"), 0.0, -0.5],
+    ids=["nan", "inf", "minus-inf", "zero", "negative"],
+)
+@pytest.mark.parametrize("side", ["k", "v"])
+def test_a_scale_that_is_not_finite_and_above_zero_is_an_error(tmp_path, value, side):
+    good = {"k": 0.5, "v": 0.75}
+    good[side] = value
+    write(
+        tmp_path / "model.safetensors",
+        {f"model.layers.0.self_attn.{s}_scale": torch.tensor(x) for s, x in good.items()},
+    )
+    with pytest.raises(CheckpointError) as info:
+        read_kv_scales(tmp_path)
+    message = str(info.value)
+    assert f"KV scale model.layers.0.self_attn.{side}_scale holds {value}" in message
+    assert "a KV scale must be a finite number above 0" in message and "\n" not in message
+
+
+def test_one_bad_head_of_a_per_head_scale_is_an_error(tmp_path):
+    write(
+        tmp_path / "model.safetensors",
+        {"model.layers.0.self_attn.k_scale": torch.tensor([0.5, float("nan"), 0.25])},
+    )
+    with pytest.raises(CheckpointError, match="holds nan"):
+        read_kv_scales(tmp_path)
+
+
+def test_two_nan_scales_for_one_layer_are_named_as_nan_not_as_two(tmp_path):
+    write(
+        tmp_path / "model.safetensors",
+        {
+            "model.layers.1.self_attn.k_scale": torch.tensor(float("nan")),
+            "model.layers.1.self_attn.kv_scale": torch.tensor(float("nan")),
+        },
+    )
+    with pytest.raises(CheckpointError) as info:
+        read_kv_scales(tmp_path)
+    assert "holds nan" in str(info.value) and "two k scales" not in str(info.value)
+
+
+FP8 = {"quant_method": "fp8"}
+CT_TENSOR = {
+    "quant_method": "compressed-tensors",
+    "kv_cache_scheme": {"type": "float", "num_bits": 8, "strategy": "tensor", "symmetric": True},
+}
+CT_HEAD = CT_TENSOR | {"kv_cache_scheme": CT_TENSOR["kv_cache_scheme"] | {"strategy": "attn_head"}}
+
+
+@pytest.mark.parametrize("shape", [(8,), (2, 2)], ids=["8", "2x2"])
+@pytest.mark.parametrize(
+    ("quantization", "refused"),
+    [(FP8, True), (CT_TENSOR, True), (CT_HEAD, False)],
+    ids=["fp8", "compressed-tensor", "compressed-attn-head"],
+)
+def test_per_head_scales_load_only_under_compressed_tensors_attn_head(
+    tmp_path, shape, quantization, refused
+):
+    write(
+        tmp_path / "model.safetensors",
+        {
+            "model.layers.0.self_attn.k_scale": torch.full(shape, 0.5),
+            "model.layers.0.self_attn.v_scale": torch.full(shape, 0.25),
+        },
+    )
+    scales = read_kv_scales(tmp_path)
+    assert scales is not None and scales.k == {0: 0.5}
+    problem = load_problem(scales, quantization)
+    if refused:
+        assert problem is not None
+        assert f"KV scale model.layers.0.self_attn.k_scale has shape {list(shape)}" in problem
+        assert "refuses it at load" in problem
+    else:
+        assert problem is None
+
+
+@pytest.mark.parametrize(
+    ("quantization", "refused"),
+    [(FP8, True), ({"quant_method": "quark"}, True), (CT_TENSOR, False)],
+    ids=["fp8", "quark", "compressed-tensors"],
+)
+def test_a_v_scale_without_its_k_loads_only_under_compressed_tensors(
+    tmp_path, quantization, refused
+):
+    write(tmp_path / "model.safetensors", {"model.layers.2.self_attn.v_scale": torch.tensor(0.5)})
+    scales = read_kv_scales(tmp_path)
+    assert scales is not None and scales.k == {} and scales.v == {2: 0.5}
+    problem = load_problem(scales, quantization)
+    if refused:
+        assert problem is not None and problem.startswith("layer 2 has a V scale but no K scale")
+    else:
+        assert problem is None
+        assert layer_scales(scales, 3)[2] == (1.0, 0.5)
+
+
+def test_per_tensor_scales_of_both_sides_load_everywhere(tmp_path):
+    write(
+        tmp_path / "model.safetensors",
+        {
+            "model.layers.0.self_attn.k_scale": torch.tensor(0.5),
+            "model.layers.0.self_attn.v_scale": torch.tensor(0.25),
+        },
+    )
+    scales = read_kv_scales(tmp_path)
+    assert scales is not None
+    for quantization in (FP8, CT_TENSOR, CT_HEAD, {"quant_method": "modelopt"}):
+        assert load_problem(scales, quantization) is None
+
+
+def test_an_index_entry_naming_the_model_directory_says_so(tmp_path):
+    sharded_with_scales_in_second_shard(tmp_path)
+    index = tmp_path / "model.safetensors.index.json"
+    data = json.loads(index.read_text())
+    data["weight_map"]["model.layers.0.self_attn.k_scale"] = "."
+    index.write_text(json.dumps(data))
+    with pytest.raises(CheckpointError) as info:
+        read_kv_scales(tmp_path)
+    message = str(info.value)
+    assert "a directory, not a safetensors file" in message and "does not exist" not in message
+    assert "model.layers.0.self_attn.k_scale" in message
+
+
+def test_a_safetensors_name_that_is_a_directory_says_so(tmp_path):
+    (tmp_path / "model.safetensors").mkdir()
+    with pytest.raises(CheckpointError) as info:
+        read_kv_scales(tmp_path)
+    message = str(info.value)
+    assert message == f"{tmp_path / 'model.safetensors'} is a directory, not a safetensors file"

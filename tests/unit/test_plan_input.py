@@ -251,3 +251,38 @@ def test_the_dtype_fallback_off_a_gpu_says_what_is_wrong():
     except NotImplementedError as exc:
         assert plan_module._in_dtype_fallback(exc)
     assert not plan_module._in_dtype_fallback(NotImplementedError("other"))
+
+
+# --------------------------------------------------------------------------------------
+# 20, 22: checkpoint scales plan cannot count as vLLM would load them
+
+
+def checkpoint(path: Path, tensors: dict, quantization: dict) -> str:
+    import torch
+    from safetensors.torch import save_file
+
+    model = model_dir(path, BASE | {"num_hidden_layers": 2, "quantization_config": quantization})
+    save_file(
+        {"model.embed_tokens.weight": torch.zeros(4, 4)} | tensors, f"{model}/model.safetensors"
+    )
+    return model
+
+
+def test_checkpoint_scales_vllm_refuses_are_one_line(tmp_path, capsys):
+    import torch
+
+    k, v = "model.layers.0.self_attn.k_scale", "model.layers.0.self_attn.v_scale"
+    cases = {
+        "nan": ({k: torch.tensor(float("nan")), v: torch.tensor(0.5)}, {"quant_method": "fp8"}),
+        "per-head": ({k: torch.full((8,), 0.5), v: torch.full((8,), 0.5)}, {"quant_method": "fp8"}),
+        "v-only": ({v: torch.tensor(0.5)}, {"quant_method": "fp8"}),
+    }
+    messages = {
+        "nan": "holds nan; a KV scale must be a finite number above 0",
+        "per-head": "has shape [8]: vLLM loads one scale per tensor for fp8 checkpoints",
+        "v-only": "layer 0 has a V scale but no K scale",
+    }
+    for case, (tensors, quantization) in cases.items():
+        model = checkpoint(tmp_path / case, tensors, quantization)
+        line = one_line_exit_2(["plan", "--model", model], capsys)
+        assert messages[case] in line, (case, line)
