@@ -15,11 +15,12 @@ accurate?"):
                        1/8/16/64/128 with 8/32/64/256/256 prompts, two repeats
                        (--quick: 1/64/128, one repeat)
   serve-sharegpt       with --dataset FILE only: ShareGPT lengths at concurrency 64/128
-  accuracy-ARM         per arm, one fresh server: GSM8K through lm_eval (1319
-                       questions, 5-shot chat, greedy, 64 in flight) and passkey
-                       retrieval at 3K/8K/16K/32K tokens (24 prompts, 30 in flight)
-  gsm8k-ARM-2, -eager  a second CUDA-graph GSM8K run and an --enforce-eager one per arm
-                       (not with --quick)
+  accuracy-ARM         per arm (ARM: plugin-off, asm-decode), one fresh server:
+                       GSM8K through lm_eval (1319 questions, 5-shot chat, greedy, 64
+                       in flight) and passkey retrieval at 3K/8K/16K/32K tokens (24
+                       prompts, 30 in flight)
+  gsm8k-ARM-2          a second CUDA-graph GSM8K run per arm (not with --quick)
+  gsm8k-ARM-eager      an --enforce-eager GSM8K run per arm (not with --quick)
   sync-check           the asm arm under VLLM_GPU_SYNC_CHECK=error: GSM8K, and (not
                        with --quick) the five concurrencies
 

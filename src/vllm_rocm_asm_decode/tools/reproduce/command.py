@@ -54,7 +54,7 @@ def summary(step: Step, record: StepRecord) -> str:
 def main(args: argparse.Namespace) -> int:
     store = Store(Path(args.out))
     try:
-        stored = store.settings()
+        stored = store.settings() if store.root.is_dir() else None
     except (OSError, ValueError) as exc:
         stored = None
         problem = f"--out {args.out}: cannot read its reproduction.json ({exc})"

@@ -1,0 +1,305 @@
+"""``reproduce``'s report against known inputs: the original's tables as its pull request
+printed them, this run's rows beside them, the verdicts at the edges of the original's
+spread, failed and missing steps; and its input errors (one line, exit 2)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+
+from vllm_rocm_asm_decode.tools import cli
+from vllm_rocm_asm_decode.tools.reproduce import compare, report
+from vllm_rocm_asm_decode.tools.reproduce.state import StepRecord
+from vllm_rocm_asm_decode.tools.reproduce.steps import Settings, plan
+
+BIN = Path(__file__).resolve().parents[1] / "standins" / "bin"
+DASH = "\u2013"
+
+#: The original pull request's serving table, its cells as it printed them.
+PR_SERVING = [
+    "| Qwen3-14B-FP8 | 1 | 128 -> 129 | 943 -> 947 | 1756 -> 1798 (+2.4%) "
+    "| 4898 -> 5105 (+4.2%) | 6224 -> 6612 (+6.2%) |",
+    "| Llama-3.1-8B-Instruct | 1 | 282 -> 282 | 1727 -> 1726 | 3232 -> 3229 "
+    "| 9390 -> 9983 (+6.3%) | 12661 -> 13670 (+8.0%) |",
+    "| Qwen3-8B | 1 | 255 -> 253 | 1739 -> 1739 | 3321 -> 3329 | 8963 -> 9390 (+4.8%) "
+    "| 12026 -> 13089 (+8.8%) |",
+    "| Qwen3-14B-FP8 | 2 | 175 -> 175 | 1261 -> 1262 | 2331 -> 2332 | 6066 -> 6231 (+2.7%) "
+    "| 7750 -> 8066 (+4.1%) |",
+    "| Llama-3.1-8B-Instruct | 2 | 388 -> 388 | 2314 -> 2322 | 4241 -> 4239 "
+    "| 10540 -> 10926 (+3.7%) | 13279 -> 13864 (+4.4%) |",
+]
+PR_KERNEL = [
+    "| 40/8 | 1024 | 16 / 64 / 256 | 10.69 / 28.58 / 139.59 | 8.33 / 22.75 / 97.25 "
+    "| 0.78 / 0.80 / 0.70 |",
+    "| 40/8 | 4096 | 16 / 64 / 256 | 26.71 / 130.10 / 448.27 | 22.47 / 95.05 / 363.04 "
+    "| 0.84 / 0.73 / 0.81 |",
+    "| 32/8 | 1024 | 24 / 64 / 256 | 14.26 / 26.54 / 132.85 | 10.62 / 22.73 / 96.25 "
+    "| 0.74 / 0.86 / 0.72 |",
+    "| 32/8 | 4096 | 24 / 64 / 256 | 35.05 / 123.93 / 439.31 | 31.05 / 94.69 / 362.53 "
+    "| 0.89 / 0.76 / 0.83 |",
+]
+PR_GSM8K = [
+    f"| Qwen3-14B-FP8 | 1 | 0.9239 (0.9227{DASH}0.9257) | 0.9213 (0.9166{DASH}0.9257) |",
+    f"| Llama-3.1-8B-Instruct | 1 | 0.8309 (0.8294{DASH}0.8332) | 0.8327 (0.8287{DASH}0.8378) |",
+    f"| Qwen3-8B | 1 | 0.8948 (0.8901{DASH}0.8984) | 0.8976 (0.8923{DASH}0.9022) |",
+    "| Llama-3.1-8B-Instruct | 2 | 0.8362 | 0.8347 |",
+    "| Qwen3-14B-FP8 | 2 | 0.9189 | 0.9189 |",
+]
+
+
+def summary_row(c: int, change_pct: float, base: float = 1000.0) -> dict:
+    cand = base * (1 + change_pct / 100)
+    return {
+        "concurrency": c, "baseline_tok_s": base, "candidate_tok_s": cand,
+        "change_pct": change_pct, "baseline_tpot_ms": 10.0, "candidate_tpot_ms": 9.0,
+        "baseline_p99_itl_ms": 16.0, "candidate_p99_itl_ms": 16.0,
+        "runs": {"plugin-off": 1, "asm-decode": 1},
+    }  # fmt: skip
+
+
+def test_the_original_serving_table_renders_as_its_pull_request_printed_it():
+    lines = report.serving_table([], "m", 1)
+    assert lines[0] == "| model | TP | conc 1 | conc 8 | conc 16 | conc 64 | conc 128 |"
+    assert lines[2:] == PR_SERVING
+
+
+def test_the_original_kernel_table_renders_as_its_pull_request_printed_it():
+    lines = report.kernel_table(report.original_kernel_timings())
+    assert lines[0] == "| heads (q/kv) | ctx | seqs | HIP (today) | asm | asm / HIP |"
+    assert lines[2:] == PR_KERNEL
+
+
+def test_the_original_gsm8k_table_renders_as_its_pull_request_printed_it():
+    assert report.gsm8k_table({}, "m", 1)[2:] == PR_GSM8K
+
+
+def test_this_runs_serving_row_sits_under_the_originals_with_not_run_gaps():
+    rows = [summary_row(64, 5.0, 4000.0), summary_row(128, 0.5, 6000.0)]
+    last = report.serving_table(rows, "org/My-Model", 2)[-1]
+    assert last == (
+        "| **this run: org/My-Model** | 2 | not run | not run | not run "
+        "| 4000 -> 4200 (+5.0%) | 6000 -> 6030 |"
+    )
+
+
+def test_this_runs_gsm8k_row_is_mean_and_min_max_over_its_runs():
+    runs = {"plugin-off": [0.83, 0.84, 0.85], "asm-decode": [0.8327]}
+    assert report.gsm8k_table(runs, "m", 1)[-1] == (
+        f"| **this run: m** | 1 | 0.8400 (0.8300{DASH}0.8500) | 0.8327 |"
+    )
+
+
+def test_repeats_are_shown_as_min_max():
+    results = [
+        {"concurrency": 64, "arm": arm, "output_throughput": v}
+        for arm, v in [("plugin-off", 4852), ("plugin-off", 4899), ("asm-decode", 5105),
+                       ("asm-decode", 5115)]
+    ]  # fmt: skip
+    assert report.repeat_ranges(results) == [
+        f"| 64 | 4852{DASH}4899 (2 runs) | 5105{DASH}5115 (2 runs) |"
+    ]
+    assert report.repeat_ranges(results[::2]) == []  # one run per arm: no range
+
+
+def test_the_spread_comes_from_the_originals_repeats():
+    # main 4852-4899 and the change 5105-5115 at 64; 6024-6229 and 6612-6635 at 128
+    assert compare.spread_pts(64) == pytest.approx(0.9687 + 0.1959, abs=1e-3)
+    assert compare.spread_pts(128) == pytest.approx(3.4030 + 0.3478, abs=1e-3)
+    assert compare.spread_pts(1) == compare.spread_pts(64)  # the nearest with repeats
+    assert compare.gsm8k_spread() == pytest.approx(0.0099)  # Qwen3-8B's change, 0.8923-0.9022
+
+
+@pytest.mark.parametrize(
+    ("c", "change", "verdict"),
+    [
+        (64, 3.1, "holds"),  # the original's low end +4.2 less 1.17 points is +3.04
+        (64, 3.0, "does not hold"),
+        (64, 9.0, "holds"),  # above the range
+        (128, 2.5, "holds"),  # +6.2 less 3.75 points is +2.48
+        (128, 2.4, "does not hold"),
+    ],
+    ids=["c64-inside-spread", "c64-past-spread", "c64-above", "c128-inside", "c128-past"],
+)
+def test_a_speed_claim_holds_down_to_the_original_low_end_less_the_spread(c, change, verdict):
+    claims = compare.speed_claims([summary_row(c, change)], 1, "some/other-model")
+    assert {x.name: x.verdict for x in claims}[f"output throughput at concurrency {c}"] == verdict
+
+
+def test_a_speed_claim_at_a_tp_the_original_never_ran_is_not_measured():
+    claims = compare.speed_claims([summary_row(64, 5.0)], 4, "m")
+    assert claims[0].verdict == "not measured" and "TP 4" in claims[0].original
+
+
+def test_the_speed_claim_names_the_originals_figure_for_the_same_model():
+    claims = compare.speed_claims([summary_row(64, 5.0)], 1, "/models/qwen3-8b")
+    assert claims[0].original == "+4.2 to +6.3% (TP 1, 3 models); Qwen3-8B: +4.8%"
+
+
+@pytest.mark.parametrize(
+    ("cand", "verdict"),
+    [(0.8395, "holds"), (0.8205, "holds"), (0.8405, "does not hold"), (0.8195, "does not hold")],
+    ids=["up-within", "down-within", "up-outside", "down-outside"],
+)
+def test_gsm8k_holds_within_the_widest_original_spread(cand, verdict):
+    claim = compare.gsm8k_claim({"plugin-off": [0.83], "asm-decode": [cand]}, "m", 1)
+    assert claim.verdict == verdict
+
+
+def test_one_missed_passkey_breaks_the_claim():
+    full = {"3072": [24, 24], "32768": [24, 24]}
+    claim = compare.passkey_claim({"plugin-off": full, "asm-decode": full | {"32768": [23, 24]}})
+    assert claim.verdict == "does not hold" and claim.why == "missed: asm-decode 32768: 23/24"
+
+
+def _run(records: dict[str, StepRecord | None], stopped: str | None = None) -> report.Run:
+    settings = Settings(model="m", quick=True)
+    steps = plan(settings)
+    return report.Run(settings, steps, {s.name: records.get(s.name) for s in steps}, [], stopped)
+
+
+def _record(name: str, ok: bool = True, result: dict | None = None, error: str | None = None):
+    return StepRecord(name, "ok" if ok else "failed", 61.0, "t", 1, result or {}, error)
+
+
+def test_a_failed_step_is_in_the_report_as_failed_and_the_rest_as_not_run_with_why():
+    run = _run(
+        {
+            "doctor": _record("doctor", ok=False, error="doctor exited with 1: FAIL selftest"),
+        },
+        stopped="doctor failed (doctor exited with 1: FAIL selftest)",
+    )
+    text = report.render_markdown(run)
+    assert "| doctor | **FAILED** | 1m01s | 1 | doctor exited with 1: FAIL selftest |" in text
+    assert (
+        "| serve-random | not run | — | — | doctor failed (doctor exited with 1: FAIL selftest) |"
+        in text
+    )
+    assert (
+        "- `sync-check` (asm arm under VLLM_GPU_SYNC_CHECK=error: GSM8K): not run: doctor failed"
+        in text
+    )
+    assert "0 of 8 steps passed, 1 failed (doctor), 7 not run." in text
+    data = report.to_json(run)
+    assert data["steps"][0]["status"] == "failed"
+    assert data["steps"][1] == {
+        "name": "kernel-table",
+        "title": "kernel time at the original shapes",
+        "status": "not run",
+        "why": "doctor failed (doctor exited with 1: FAIL selftest)",
+    }
+
+
+def test_the_help_names_every_step_the_plan_runs(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["reproduce", "--help"])
+    assert exit_.value.code == 0
+    text = capsys.readouterr().out
+    for step in plan(Settings(model="m", dataset="x")):
+        assert step.name.replace("plugin-off", "ARM").replace("asm-decode", "ARM") in text
+    assert "--quick" in text and "--redo STEP[,STEP]" in text
+
+
+def _stand_ins() -> list[str]:
+    return ["--vllm", str(BIN / "vllm"), "--lm-eval", str(BIN / "lm_eval")]
+
+
+@pytest.fixture
+def taken_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        yield s.getsockname()[1]
+
+
+def _settings_file(tmp_path: Path) -> Path:
+    out = tmp_path / "earlier"
+    out.mkdir()
+    (out / "reproduction.json").write_text(
+        json.dumps({"model": "m", "tp": 1, "quick": True, "dataset": None})
+    )
+    return out
+
+
+M = ["--model", "m"]
+NO_LM_EVAL = ["--vllm", str(BIN / "vllm"), "--lm-eval", "no-such-lm-eval"]
+INPUT_ERRORS = {
+    "no-model": ([], "the following arguments are required: --model"),
+    "tp-zero": (
+        [*M, "--tp", "0"],
+        "argument --tp/--tensor-parallel-size/-tp: 0 must be at least 1",
+    ),
+    "port": ([*M, "--port", "70000"], "70000 is not a TCP port"),
+    "unknown-step": (
+        [*M, "--redo", "kernel"],
+        "--redo kernel: no such step here; the steps: doctor,",
+    ),
+    "step-not-in-quick": (
+        [*M, "--redo", "gsm8k-asm-decode-2", "--quick"],
+        "--redo gsm8k-asm-decode-2: no such step",
+    ),
+    "out-is-file": ([*M, "--out", __file__], "is a file"),
+    "model-path": (
+        ["--model", "/no/such/model"],
+        "--model /no/such/model: not a model directory with a config.json",
+    ),
+    "no-dataset": ([*M, "--dataset", "/no/such.json"], "--dataset /no/such.json does not exist"),
+    "not-sharegpt": ([*M, "--dataset", __file__], "is not a JSON list"),
+    "no-vllm": ([*M, "--vllm", "no-such-vllm"], "--vllm no-such-vllm: no such executable"),
+    "no-lm-eval": (
+        [*M, *NO_LM_EVAL],
+        "--lm-eval no-such-lm-eval: no such executable (pip install 'lm-eval[api]')",
+    ),
+    "no-gpu-tools": (
+        [*M, "--vllm", str(BIN / "vllm"), "--lm-eval", str(BIN / "lm_eval"), "--gpu-tools", "/x"],
+        "--gpu-tools /x: no such executable",
+    ),
+    "timeout-zero": ([*M, "--health-timeout", "0"], "must be a finite number above 0"),
+}
+
+
+@pytest.mark.parametrize(("args", "says"), INPUT_ERRORS.values(), ids=INPUT_ERRORS.keys())
+def test_an_input_error_is_one_line_and_exit_2(args, says, capsys, tmp_path):
+    try:
+        code = cli.main(["reproduce", "--out", str(tmp_path / "out"), *args])
+    except SystemExit as exc:  # argparse's own errors
+        code = exc.code
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.count("\n") == 1 and err.startswith("vllm-rocm-asm-decode reproduce: error: ")
+    assert says in err
+    assert not (tmp_path / "out").exists()  # nothing written
+
+
+def test_a_rerun_with_other_options_into_the_same_out_is_refused(capsys, tmp_path):
+    out = _settings_file(tmp_path)
+    code = cli.main(["reproduce", "--model", "m", "--out", str(out), *_stand_ins()])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1
+    assert err.strip().endswith(
+        f"--out {out} holds a reproduction of --model m --tp 1 --quick; rerun with those "
+        "options to resume it, or give another --out"
+    )
+
+
+def test_a_port_in_use_is_refused_before_anything_runs(capsys, tmp_path, taken_port):
+    args = ["--model", "m", "--out", str(tmp_path / "o"), "--port", str(taken_port)]
+    code = cli.main(["reproduce", *args, *_stand_ins()])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1
+    assert f"--port {taken_port}: cannot listen there" in err and "left by a killed run" in err
+
+
+def test_input_errors_come_before_torch_or_vllm_is_imported(tmp_path):
+    import subprocess
+
+    code = (
+        "import sys\nfrom vllm_rocm_asm_decode.tools.cli import main\n"
+        f"rc = main(['reproduce', '--model', 'm', '--out', {str(tmp_path)!r}, '--redo', 'x'])\n"
+        "assert rc == 2, rc\nassert 'torch' not in sys.modules and 'vllm' not in sys.modules\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
