@@ -286,3 +286,27 @@ def test_checkpoint_scales_vllm_refuses_are_one_line(tmp_path, capsys):
         model = checkpoint(tmp_path / case, tensors, quantization)
         line = one_line_exit_2(["plan", "--model", model], capsys)
         assert messages[case] in line, (case, line)
+
+
+# --------------------------------------------------------------------------------------
+# What config.json and --model decide is decided before plan's vLLM path
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["attention-multiplier-text", "gemma2-pre-attn-scalar-negative", "layers", "dtype", "path"],
+)
+def test_what_the_input_alone_decides_never_reaches_vllm(tmp_path, case, monkeypatch, capsys):
+    def vllm_path(**kwargs):
+        raise AssertionError("make_plan (vLLM's ModelConfig) was reached")
+
+    monkeypatch.setattr(plan_module, "make_plan", vllm_path)
+    if case == "path":
+        model = "~nosuchuser/x"
+    elif case == "layers":
+        model = model_dir(tmp_path, llava(20_000))
+    elif case == "dtype":
+        model = model_dir(tmp_path, BASE | {"torch_dtype": "int8"})
+    else:
+        model = model_dir(tmp_path, BAD_NUMBERS[case][0])
+    one_line_exit_2(["plan", "--model", model], capsys)
