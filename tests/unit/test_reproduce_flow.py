@@ -206,7 +206,7 @@ def test_a_failing_step_is_reported_as_failed_and_retried_by_a_rerun(resumed, tm
     assert claims["GSM8K unchanged (flexible match)"]["verdict"] == "not measured"
     assert claims["passkey retrieval"]["verdict"] == "not measured"
     assert re.search(r"^FAILED +accuracy-asm-decode in ", proc.stderr, re.M)
-    assert proc.stderr.splitlines()[-2].startswith(
+    assert proc.stderr.splitlines()[-1].startswith(
         "vllm-rocm-asm-decode reproduce: 1 step(s) failed (accuracy-asm-decode); "
         "the same command retries them"
     )
