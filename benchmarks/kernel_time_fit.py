@@ -1,7 +1,7 @@
 """The time model of AITER's asm decode and of the HIP decode, fitted to the original
 change's kernel table (MI355X, ``tools/data/original_measurements.json``): the fit, its
-residual on every row, the skew clause it gives (``core.ASM_SKEW_RATIO`` and
-``core.ASM_SKEW_HEAD_TOKENS``), and what it predicts for skewed batches.
+residual on every row, the skew clause it gives (``skew.ASM_SKEW_RATIO`` and
+``skew.ASM_SKEW_HEAD_TOKENS``), and what it predicts for skewed batches.
 
     python benchmarks/kernel_time_fit.py
 
@@ -30,9 +30,9 @@ SKEWED = ((127, 8192), (127, 32768), (127, 131072), (255, 32768), (31, 32768))
 
 
 def core_constants() -> dict[str, int]:
-    """The skew clause's constants as ``core.py`` states them (read, not imported: the
-    core imports vLLM)."""
-    tree = ast.parse((SRC / "vllm_rocm_asm_decode" / "core.py").read_text())
+    """The skew clause's constants as ``skew.py`` states them (read, not imported: it
+    imports vLLM)."""
+    tree = ast.parse((SRC / "vllm_rocm_asm_decode" / "skew.py").read_text())
     return {
         node.targets[0].id: ast.literal_eval(node.value)
         for node in tree.body

@@ -6,6 +6,13 @@ the table) against plain allocations, measured with ``mem_get_info`` on a GPU.
 Needs a GPU (CUDA or ROCm) and torch only; prints a table (medians of ``--repeats``
 rounds of bind-time mapping) and whether a CUDA graph captured before a refill reads the
 new scale. Speed of the kernel is not measured here.
+
+    python benchmarks/scale_table_memory.py --standin --blocks 4096   # no GPU
+
+``--standin`` runs on the CPU through the HIP virtual-memory stand-in of the tests
+(``tests/hip_standin.py``: ROCm's checks, host memory for device memory): the memory
+column is then the stand-in's physical bytes (aliased) or the tensors' storage
+(allocated), the times are the CPU's, and no graph is captured.
 """
 
 from __future__ import annotations
@@ -16,25 +23,38 @@ import statistics
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from vllm_rocm_asm_decode.asm_scale_tables import make_tables
 
+#: The HIP stand-in under ``--standin`` (its physical bytes stand for device memory).
+STANDIN: list = []
+
 
 def used(device: torch.device) -> int:
+    if device.type == "cpu":
+        return STANDIN[0].physical_bytes()
     torch.accelerator.synchronize()
     free, total = torch.cuda.mem_get_info(device)
     return total - free
 
 
-def measure(device, shape, scales, aliased: bool) -> dict:
+def release_cache(device: torch.device) -> None:
     gc.collect()
-    torch.cuda.empty_cache()
+    if device.type != "cpu":
+        torch.cuda.empty_cache()  # hand torch's cached blocks back
+
+
+def measure(device, shape, scales, aliased: bool) -> dict:
+    release_cache(device)
     before = used(device)
     tables, seconds = make_tables(device, shape, scales, aliased)
     taken = used(device) - before
+    if device.type == "cpu" and not aliased:  # host tensors: their storage
+        taken = sum(t.tensor.untyped_storage().nbytes() for t in tables)
     right = all(
         float(t.tensor[0, 0, 0]) == s and float(t.tensor[-1, -1, -1]) == s
         for t, s in zip(tables, scales, strict=True)
@@ -50,8 +70,7 @@ def measure(device, shape, scales, aliased: bool) -> dict:
         "reads_right": right,
     }
     del tables
-    gc.collect()
-    torch.cuda.empty_cache()  # hand torch's cached blocks back, so the next round allocates
+    release_cache(device)  # so that the next round allocates
     row["left_after_release_mib"] = (used(device) - before) / 2**20
     return row
 
@@ -79,12 +98,23 @@ def main() -> int:
     parser.add_argument("--blocks", type=int, default=250_000)
     parser.add_argument("--kv-heads", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--standin", action="store_true", help="on the CPU, through the tests' HIP stand-in"
+    )
     args = parser.parse_args()
-    if not torch.cuda.is_available():
-        print("scale_table_memory: needs a GPU", file=sys.stderr)
+    if args.standin:
+        device, name = torch.device("cpu"), "CPU, HIP stand-in (tests/hip_standin.py)"
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+        import hip_standin
+
+        STANDIN.append(hip_standin.runtime_vm(pytest.MonkeyPatch()))
+    elif not torch.cuda.is_available():
+        print("scale_table_memory: needs a GPU (or --standin)", file=sys.stderr)
         return 2
-    device = torch.device("cuda", 0)
-    torch.ones(1, device=device)
+    else:
+        device = torch.device("cuda", 0)
+        torch.ones(1, device=device)
+        name = torch.cuda.get_device_name(device)
     shape = (args.blocks, args.kv_heads, 16)
     scales = [0.5 + i / 256 for i in range(2 * args.layers)]  # K and V, every layer its own
     rows = []
@@ -95,7 +125,7 @@ def main() -> int:
         row["device_mib"] = statistics.median(r["device_mib"] for r in runs)
         rows.append(row)
     print(f"{args.layers} layers, K and V tables of {list(shape)} fp32, distinct scales, "
-          f"{torch.cuda.get_device_name(device)}")  # fmt: skip
+          f"{name}")  # fmt: skip
     print("| kind | tables | table MiB | chunk MiB | mappings | device MiB | bound ms | "
           "reads right | left after release MiB |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|---|")
@@ -105,7 +135,8 @@ def main() -> int:
             f"{r['mappings']} | {r['device_mib']:.1f} | {r['ms']:.1f} | {r['reads_right']} | "
             f"{r['left_after_release_mib']:.1f} |"
         )
-    print(f"refill seen by a graph captured before it: {refill_seen_by_graph(device, shape)}")
+    seen = "not run (no graphs on the CPU)" if args.standin else refill_seen_by_graph(device, shape)
+    print(f"refill seen by a graph captured before it: {seen}")
     return 0
 
 

@@ -56,13 +56,7 @@ from .asm_scale_tables import (
     MappingLimitError,
     checkpoint_scales,
 )
-from .core import (
-    ASM_PRECISION,
-    ASM_SKEW_HEAD_TOKENS,
-    ASM_SKEW_RATIO,
-    asm_decode,
-    use_asm_decode,
-)
+from .core import ASM_PRECISION, asm_decode, use_asm_decode
 from .eligibility import (
     FP16_UNPROVEN,
     VALIDATED_CONTEXT,
@@ -84,6 +78,7 @@ from .scale_tables import (
     table_key,
     table_memory,
 )
+from .skew import ASM_SKEW_HEAD_TOKENS, ASM_SKEW_RATIO, asm_decode_skewed
 
 #: Logged once when an unproven AITER keeps layers on HIP (high KV blocks on an AITER
 #: before 0.1.17, or fp16 queries): how to lift that.
@@ -374,7 +369,7 @@ class RocmAsmDecodeMetadataBuilder(RocmAttentionMetadataBuilder):
         # A graph replays its kernel for any lengths (vLLM's capture batch claims
         # max_model_len): the cut alone decides.
         metadata.use_asm_decode = bool(self.asm_bindings.layers) and use_asm_decode(
-            common_attn_metadata, self.num_heads_q, self.num_heads_kv, self.asm_cut, 0
+            common_attn_metadata, self.num_heads_q, self.asm_cut
         )
         return metadata
 
@@ -403,21 +398,24 @@ class RocmAsmDecodeMetadataBuilder(RocmAttentionMetadataBuilder):
         if not self.asm_bindings.layers:
             return metadata
         metadata.use_asm_decode = use_asm_decode(
+            common_attn_metadata, self.num_heads_q, self.asm_cut
+        ) and not asm_decode_skewed(
             common_attn_metadata,
-            self.num_heads_q,
+            common_attn_metadata.num_reqs,
             self.num_heads_kv,
-            self.asm_cut,
             self.asm_skew,
         )
         if metadata.max_query_len > 1:
-            metadata.asm_split = split_asm_decode(
-                common_attn_metadata,
-                self.vllm_config,
-                self.num_heads_q,
-                self.num_heads_kv,
-                self.asm_cut,
-                self.asm_skew,
+            split = split_asm_decode(
+                common_attn_metadata, self.vllm_config, self.num_heads_q, self.asm_cut
             )
+            if split is None or not asm_decode_skewed(
+                common_attn_metadata,
+                split.num_decodes,
+                self.num_heads_kv,
+                self.asm_skew,
+            ):
+                metadata.asm_split = split
         return metadata
 
     def binding(self, layer_name: str) -> AsmLayerBinding | None:

@@ -23,14 +23,15 @@ from .aiter_ops import rocm_aiter_ops
 if TYPE_CHECKING:
     from vllm.v1.attention.backends.rocm_attn import RocmAttentionImpl
 
-# AITER's pa_asm.csv has uhp kernels for gfx942/gfx950, fp8 e4m3, head 128, GQA <= 8;
-# asm decodes above 2 query heads a CU, as AITER's paged_attention_common does.
+# AITER's pa_asm.csv has uhp kernels for gfx942/gfx950, fp8 e4m3, head 128, GQA <= 8.
 ASM_KV_DTYPES = ("fp8", "fp8_e4m3")
-ASM_BLOCK_SIZE, ASM_HEAD_SIZE, ASM_MAX_GQA = 16, 128, 8
-ASM_PRECISION, ASM_HEADS_PER_CU = 2, 2
-# One workgroup walks each (KV head, sequence) whole; fitted to MI355X timings, asm is
-# slower than HIP once 67 x the longest context passes the head-tokens + 19,500.
-ASM_SKEW_RATIO, ASM_SKEW_HEAD_TOKENS = 67, 19_500
+ASM_BLOCK_SIZE = 16
+ASM_HEAD_SIZE = 128
+ASM_MAX_GQA = 8
+ASM_PRECISION = 2  # the ultra-precision kernel
+# At its default precision AITER's paged_attention_common takes asm above 2 query heads
+# a CU, HIP below; the original MI355X timings agree.
+ASM_HEADS_PER_CU = 2
 
 
 def asm_decode_rejections(
@@ -61,31 +62,13 @@ def asm_decode_rejections(
     return [reason for ok, reason in clauses if not ok]
 
 
-def use_asm_decode(
-    common: CommonAttentionMetadata,
-    num_heads: int,
-    num_kv_heads: int,
-    cut: int,
-    skew: int = ASM_SKEW_RATIO,
-) -> bool:
-    """A pure-decode step above the cut that no long sequence makes slower on asm."""
+def use_asm_decode(common: CommonAttentionMetadata, num_heads: int, cut: int) -> bool:
+    """A pure-decode step (one token per request) above the cut."""
     return (
         common.max_query_len == 1
         and common.num_reqs == common.num_actual_tokens
         and common.num_actual_tokens * num_heads > cut
-        and not asm_decode_skewed(common, common.num_reqs, num_kv_heads, skew)
     )
-
-
-def asm_decode_skewed(
-    common: CommonAttentionMetadata, num_reqs: int, num_kv_heads: int, skew: int
-) -> bool:
-    """Whether the first num_reqs requests are skewed by one long one (host lengths)."""
-    longest, total = common.max_seq_len, common.max_seq_len * num_reqs
-    if (lens := common.seq_lens_cpu_upper_bound) is not None:
-        host = lens.numpy()[:num_reqs]
-        longest, total = int(host.max()), int(host.sum())
-    return skew > 0 and longest * skew > total * num_kv_heads + ASM_SKEW_HEAD_TOKENS
 
 
 def asm_decode(

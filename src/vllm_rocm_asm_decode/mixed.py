@@ -16,7 +16,7 @@ from vllm.config import CUDAGraphMode, VllmConfig
 from vllm.v1.attention.backend import CommonAttentionMetadata
 from vllm.v1.kv_cache_interface import AttentionSpec
 
-from .core import ASM_SKEW_RATIO, asm_decode_rejections, asm_decode_skewed
+from .core import asm_decode_rejections
 
 
 @dataclass(frozen=True)
@@ -72,17 +72,11 @@ def leading_decodes(query_start_loc: np.ndarray) -> int | None:
 
 
 def split_asm_decode(
-    common: CommonAttentionMetadata,
-    vllm_config: VllmConfig,
-    num_heads: int,
-    num_kv_heads: int,
-    cut: int,
-    skew: int = ASM_SKEW_RATIO,
+    common: CommonAttentionMetadata, vllm_config: VllmConfig, num_heads: int, cut: int
 ) -> AsmDecodeSplit | None:
-    """The split of a mixed step whose leading decodes are above the cut and not
-    skewed by a long one, from host data; None when the step stays whole. (The graph
-    mode is read here, per mixed step: Model Runner V2 resolves it after it makes the
-    builders.)"""
+    """The split of a mixed step whose leading decodes are above the cut, from host
+    data; None when the step stays whole. (The graph mode is read here, per mixed step:
+    Model Runner V2 resolves it after it makes the builders.)"""
     num_reqs = common.num_reqs
     if common.max_query_len == 1 or (num_reqs - 1) * num_heads <= cut:
         return None
@@ -90,8 +84,6 @@ def split_asm_decode(
         return None
     num_decodes = leading_decodes(common.query_start_loc_cpu.numpy()[: num_reqs + 1])
     if num_decodes is None or num_decodes * num_heads <= cut:
-        return None
-    if asm_decode_skewed(common, num_decodes, num_kv_heads, skew):
         return None
     # Views from a multiple of 4 requests keep the base tensors' 16-byte alignment,
     # so the Triton prefill runs the variant stock compiled.

@@ -2,12 +2,16 @@
 sequence right when they lie far apart in the KV cache.
 
 AITER's fix for block ids >= 65536 (commit b847e4d8, in every release from 0.1.17)
-addresses each wave's pages as a 32-bit byte offset from the wave's lowest page; its
-message allows the pages of a wave to differ "as long as max_page_id - min_page_id <
-65536" (at 32 KiB pages, a byte distance below 2**31). AITER's regression test reads one
-page per sequence, so the span is never exercised there. In vLLM a long request's
-neighbouring pages can come from opposite ends of the pool once its free-block queue has
-wrapped: on a 183k-block MI355X cache, sooner or later every long request's.
+describes two addressings: its message a rebase of each wave's pages on the wave's
+lowest page, "as long as max_page_id - min_page_id < 65536" (a 32-bit byte offset: at
+32 KiB pages, a distance below 2**31 bytes); its squashed history and regression test
+(``op_tests/test_pa_block_id_truncation.py``) 64-bit ``global_load`` addressing, which
+for the fp8 kernels they place "in the *_MTP variants" (the one-token decode kernel is
+not one). The test reads one page per sequence, so the span is never exercised there,
+and which addressing the shipped fp8 decode kernel has is not known from the source. In
+vLLM a long request's neighbouring pages can come from opposite ends of the pool once
+its free-block queue has wrapped: on a 183k-block MI355X cache, sooner or later every
+long request's.
 
 So a layer whose cache can hold two pages :data:`SPAN_LIMIT` bytes apart keeps the
 HIP decode unless this GPU proved it reads such pages right. :func:`probe` proves it

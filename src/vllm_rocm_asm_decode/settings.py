@@ -61,6 +61,13 @@ def asm_decode_switch() -> bool:
     return _flag(SWITCH_ENV, True, "1 (asm decode on, the default) or 0 (off)")
 
 
+def switch_as_written() -> str:
+    """``VLLM_ROCM_ASM_DECODE=<value>`` as the environment spells the value (``False``
+    stays ``False``), for reports; ``(unset)`` when it is not set."""
+    raw = os.environ.get(SWITCH_ENV)
+    return f"{SWITCH_ENV}={'(unset)' if raw is None else raw}"
+
+
 def trust_aiter() -> bool:
     """``VLLM_ROCM_ASM_DECODE_TRUST_AITER``: False unless set to a true value."""
     return _flag(

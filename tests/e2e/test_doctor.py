@@ -105,6 +105,7 @@ def test_another_vllm_is_a_failed_check_saying_stock_serves(
     if version is not None:
         monkeypatch.setattr(vllm_support, "installed_vllm_version", lambda: version)
         monkeypatch.setattr(doctor, "_version", lambda name: version if name == "vllm" else None)
+        monkeypatch.setattr(doctor, "_imported_vllm", lambda: (version, "/somewhere/vllm"))
     if drop is not None:
         real = vllm_support.module_source
 
@@ -266,3 +267,36 @@ def test_every_bad_setting_is_named(aiter_version, monkeypatch, capsys):
     _, report = doctor_json(capsys)
     detail = checks(report)["settings"]["detail"]
     assert "VLLM_ROCM_ASM_DECODE_CUT='-3'" in detail and "TRUST_AITER='maybe'" in detail
+
+
+def test_the_vllm_reported_is_the_one_imported(aiter_version, monkeypatch, capsys):
+    """A vLLM first on the path (here: the imported module claiming 0.34.0) is what
+    doctor reports, with its directory; the distribution's metadata says otherwise, and
+    the vllm check fails saying so."""
+    from pathlib import Path
+
+    import vllm
+
+    aiter_version("0.1.20")
+    monkeypatch.setattr(vllm, "__version__", "0.34.0")
+    code, report = doctor_json(capsys)
+    assert code == 2
+    where = str(Path(vllm.__file__).parent)
+    assert (report["vllm_version"], report["vllm_path"]) == ("0.34.0", where)
+    check = checks(report)["vllm"]
+    assert not check["ok"]
+    assert check["detail"].startswith(
+        f"vLLM 0.34.0 is imported from {where}, but the installed vllm distribution is 0.33."
+    )
+    assert main(["doctor"]) == 2
+    assert f"vLLM       0.34.0 ({where})" in capsys.readouterr().out
+
+
+def test_the_switch_is_shown_as_written(aiter_version, monkeypatch, capsys):
+    aiter_version("0.1.20")
+    monkeypatch.setenv("VLLM_ROCM_ASM_DECODE", "False")
+    assert main(["doctor"]) == 2
+    out = capsys.readouterr().out
+    assert "  VLLM_ROCM_ASM_DECODE=False: the asm decode is off; nothing else changes" in out
+    assert "inactive in this environment: VLLM_ROCM_ASM_DECODE=False" in out
+    assert "VLLM_ROCM_ASM_DECODE=0" not in out

@@ -72,7 +72,8 @@ def test_pure_decode_above_the_cut_runs_asm_and_matches_reference(tmp_path, kern
     assert kernels.cache_writes > 0  # this step's tokens went through vLLM's writer
     cut = 2 * COMPUTE_UNITS[ARCH]
     if harness.IN_TREE:
-        assert sum(f"asm decode above {cut} query heads" in m for m in plugin_log) == 1
+        line = f"decodes 2 of 2 layers, in steps above {cut} query heads"
+        assert sum(line in m for m in plugin_log) == 1
     else:
         assert any(f"2 of 2 layers eligible on {ARCH}" in m and str(cut) in m for m in plugin_log)
 
@@ -106,6 +107,7 @@ def skew_model(tmp_path):
     )
 
 
+@harness.plugin_only  # in-tree, the PR states the limit: graphs replay for any lengths
 def test_one_long_sequence_keeps_the_step_on_hip_and_a_uniform_one_runs_asm(tmp_path, kernels):
     """One workgroup walks each sequence: one 32K request among 127 of 1K takes the asm
     kernel about 1.6x the HIP decode's time (the time model fitted to MI355X), so the

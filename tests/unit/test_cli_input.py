@@ -4,6 +4,7 @@ imported where the input can be judged without them; --help answers at once."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import urllib.error
@@ -16,6 +17,12 @@ from vllm_rocm_asm_decode.tools.cli import _glue_serve_args, main
 
 SHAREGPT_ON_THIS_FILE = ["--dataset=sharegpt", f"--dataset-path={__file__}"]
 STAND_IN_VLLM = str(Path(__file__).resolve().parents[1] / "standins" / "bin" / "vllm")
+#: A file name longer than Linux file systems take (255 bytes), in a directory that exists.
+LONG_NAME = "/tmp/" + "a" * 300 + ".json"
+#: A directory to make whose second name is too long (its first does not exist either).
+LONG_DIR = "/tmp/no-such-dir-here/" + "b" * 300
+UNDER_FILE = f"{__file__}/results"
+SHAREGPT_ON_DEV_NULL = ["--dataset=sharegpt", "--dataset-path=/dev/null"]
 CASES = {
     "tp-zero": (["plan", "-tp", "0"], "argument --tensor-parallel-size/-tp: 0 must be at least 1"),
     "block-word": (["plan", "--block-size", "x"], "argument --block-size: 'x' is not a whole"),
@@ -117,6 +124,136 @@ CASES = {
     "accuracy-json-unwritable": (
         ["check", "accuracy", "--json", "/no/dir/a.json"],
         "--json /no/dir/a.json: /no/dir is not a directory",
+    ),
+    # 3: names too long for the file system, before any work
+    "accuracy-json-name-too-long": (
+        ["check", "accuracy", "--json", LONG_NAME],
+        f"check accuracy: error: --json {LONG_NAME}: File name too long",
+    ),
+    "kernel-json-name-too-long": (
+        ["bench", "kernel", "--json", LONG_NAME],
+        f"bench kernel: error: --json {LONG_NAME}: File name too long",
+    ),
+    "serve-json-name-too-long": (
+        ["bench", "serve", "--model", "m", "--vllm", STAND_IN_VLLM, "--json", LONG_NAME],
+        f"bench serve: error: --json {LONG_NAME}: File name too long",
+    ),
+    "result-dir-name-too-long": (
+        ["bench", "serve", "--model", "m", "--vllm", STAND_IN_VLLM, "--result-dir", LONG_DIR],
+        f"--result-dir {LONG_DIR} cannot be made: {'b' * 40}... is longer than 255 bytes",
+    ),
+    # --json naming a directory, or ending in a separator
+    "accuracy-json-trailing-slash": (
+        ["check", "accuracy", "--json", "no-such-dir/"],
+        "--json no-such-dir/: ends in a path separator; give a file name",
+    ),
+    "kernel-json-a-directory": (
+        ["bench", "kernel", "--json", "/tmp"],
+        "bench kernel: error: --json /tmp: is a directory",
+    ),
+    # 6: a result directory that cannot be made
+    "result-dir-under-a-file": (
+        ["bench", "serve", "--model", "m", "--vllm", STAND_IN_VLLM, "--result-dir", UNDER_FILE],
+        f"--result-dir {UNDER_FILE} cannot be made: {__file__} is not a directory",
+    ),
+    "result-dir-empty": (
+        ["bench", "serve", "--model", "m", "--result-dir", ""],
+        "bench serve: error: argument --result-dir: must not be empty",
+    ),
+    "serve-arg-empty": (
+        ["bench", "serve", "--model", "m", "--serve-arg", ""],
+        "bench serve: error: argument --serve-arg: must not be empty",
+    ),
+    "dataset-path-empty": (
+        ["bench", "serve", "--model", "m", "--dataset", "sharegpt", "--dataset-path", " "],
+        "bench serve: error: argument --dataset-path: must not be empty",
+    ),
+    # 8, 9, 14: bounds on what an option can make a tool do or hold
+    "passkey-timeout-huge": (
+        ["check", "passkey", "--model", "m", "--timeout", "1e300"],
+        "check passkey: error: argument --timeout: 1e300: at most 86400 seconds (a day)",
+    ),
+    "health-timeout-huge": (
+        ["bench", "serve", "--model", "m", "--health-timeout", "1e9"],
+        "argument --health-timeout: 1e9: at most 86400 seconds (a day)",
+    ),
+    "passkey-prompts-huge": (
+        ["check", "passkey", "--model", "m", "--prompts", "100000000", "--lengths", "131072"],
+        "argument --prompts: 100000000 is more than 10000 prompts per length",
+    ),
+    "passkey-in-flight-huge": (
+        ["check", "passkey", "--model", "m", "--in-flight", "100000"],
+        "argument --in-flight: 100000 is more than 1024 requests in flight",
+    ),
+    "repeats-huge": (
+        ["bench", "serve", "--model", "m", "--repeats", "99999999999999999999"],
+        "argument --repeats: 99999999999999999999 is more than 1000 repeats (each starts two",
+    ),
+    "accuracy-case-too-big": (
+        ["check", "accuracy", "--heads", "4096/512", "--contexts", "131072"],
+        "check accuracy: error: --heads 4096/512 with --contexts of 1 sequence(s) up to 131072 "
+        "tokens takes about",
+    ),
+    "accuracy-case-too-big-says-the-limit": (
+        ["check", "accuracy", "--heads", "40/8,4096/512", "--contexts", "131072"],
+        "GiB of memory per case, more than the 16.0 GiB allowed; give fewer heads or shorter",
+    ),
+    "kernel-case-too-big": (
+        ["bench", "kernel", "--heads", "40/8", "--contexts", "131072", "--seqs", "100000"],
+        "bench kernel: error: the largest case (40/8 heads, 100000 sequences of 131072 tokens) "
+        "needs a KV cache of about",
+    ),
+    "kernel-skew-without-a-longer-length": (
+        ["bench", "kernel", "--skew", "--contexts", "131072"],
+        "give a first --contexts value below 131072",
+    ),
+    # 21: URLs that cannot be dialled as written
+    "passkey-host-label-64": (
+        ["check", "passkey", "--model", "m", "--base-url", f"http://{'a' * 64}.example:8000"],
+        "the host must be an IP address or a host name whose labels (between dots) are 1 to 63",
+    ),
+    "passkey-userinfo": (
+        ["check", "passkey", "--model", "m", "--base-url", "http://u:p@127.0.0.1:18801"],
+        "'http://u:p@127.0.0.1:18801': a user name or password in the URL is not supported",
+    ),
+    # 23: a dataset path that is not a regular file
+    "dataset-path-dev-null": (
+        ["bench", "serve", "--model", "m", f"--vllm={STAND_IN_VLLM}", *SHAREGPT_ON_DEV_NULL],
+        "--dataset-path /dev/null is not a regular file (a FIFO, a device or /dev/null)",
+    ),
+    # numbers in ASCII digits only
+    "tp-fullwidth-digit": (
+        ["plan", "-tp", "\uff14"],
+        "argument --tensor-parallel-size/-tp: '\uff14' is not a whole number (ASCII digits)",
+    ),
+    "seeds-arabic-indic": (
+        ["check", "accuracy", "--seeds", "\u0663"],
+        "argument --seeds: '\u0663' is not a comma-separated list of integers",
+    ),
+    "heads-arabic-indic": (
+        ["check", "accuracy", "--heads", "\u0664\u0660/\u0668"],
+        "argument --heads: '\u0664\u0660/\u0668': give query/KV head pairs",
+    ),
+    "timeout-arabic-indic": (
+        ["check", "passkey", "--model", "m", "--timeout", "\u0663"],
+        "argument --timeout: '\u0663' is not a number (ASCII digits)",
+    ),
+    "passkey-seed-underscore": (
+        ["check", "passkey", "--model", "m", "--seed", "1_000"],
+        "argument --seed: '1_000' is not a whole number (ASCII digits)",
+    ),
+    # unrecognized arguments name the subcommand
+    "unrecognized-plan": (
+        ["plan", "--bogus"],
+        "vllm-rocm-asm-decode plan: error: unrecognized arguments: --bogus",
+    ),
+    "unrecognized-bench-serve": (
+        ["bench", "serve", "--model", "m", "extra"],
+        "vllm-rocm-asm-decode bench serve: error: unrecognized arguments: extra",
+    ),
+    "unrecognized-check-passkey": (
+        ["check", "passkey", "--model", "m", "--jsn", "x"],
+        "vllm-rocm-asm-decode check passkey: error: unrecognized arguments: --jsn x",
     ),
 }
 
@@ -247,7 +384,7 @@ def test_help_and_usage_errors_import_neither_torch_nor_vllm():
     code = (
         "import sys\n"
         "from vllm_rocm_asm_decode.tools.cli import main\n"
-        "for argv in (['--help'], ['plan', '--help'], ['plan', '-tp', '0']):\n"
+        "for argv in (['--help'], ['--version'], ['plan', '--help'], ['plan', '-tp', '0']):\n"
         "    try:\n"
         "        main(argv)\n"
         "    except SystemExit:\n"
@@ -269,8 +406,8 @@ class _Reply:
     def __exit__(self, *a):
         return False
 
-    def read(self):
-        return self.body
+    def read(self, size: int = -1):
+        return self.body if size < 0 else self.body[:size]
 
 
 @pytest.mark.parametrize(
@@ -382,8 +519,10 @@ def test_bench_serve_refuses_a_taken_port_and_a_plot_without_matplotlib(monkeypa
         ("bad-status", "the reply is not an HTTP answer (BadStatusLine)"),
         ("incomplete", "the reply is not an HTTP answer (IncompleteRead)"),
         (json.dumps({"choices": {"a": 1}}).encode(), "the reply has no completion text"),
+        (b"[" * 200_000 + b"]" * 200_000, "the reply is not a completion (JSON nested too deeply)"),
+        (b" " * (2 << 20), "the reply is over 1048576 bytes: not a completion"),
     ],
-    ids=["not-http", "cut-short", "choices-not-a-list"],
+    ids=["not-http", "cut-short", "choices-not-a-list", "nested-200000-deep", "two-mib"],
 )
 def test_passkey_replies_that_are_not_completions_are_one_line(reply, says, monkeypatch, capsys):
     import http.client
@@ -417,3 +556,275 @@ def test_ctrl_c_is_one_line_and_exit_130(monkeypatch, capsys, command):
     assert cli.main(command) == 130
     out, err = capsys.readouterr()
     assert out == "" and err.strip() == "vllm-rocm-asm-decode: interrupted"
+
+
+# --------------------------------------------------------------------------------------
+# Result files checked before the work: read-only files and directories (17, 6)
+
+
+def _deny_writing(monkeypatch, denied: Path) -> None:
+    """``os.access`` as a non-root user sees ``denied`` after chmod a-w (these tests may
+    run as root, for whom access() ignores the mode bits)."""
+    real = os.access
+
+    def access(path, mode, *a, **kw):
+        if Path(path).resolve() == denied.resolve() and mode & os.W_OK:
+            return False
+        return real(path, mode, *a, **kw)
+
+    denied.chmod(0o555 if denied.is_dir() else 0o444)
+    monkeypatch.setattr(os, "access", access)
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["check", "accuracy"],
+        ["bench", "kernel"],
+        ["bench", "serve", "--model", "m", "--vllm", STAND_IN_VLLM],
+    ],
+    ids=["check-accuracy", "bench-kernel", "bench-serve"],
+)
+def test_a_read_only_json_file_is_refused_before_the_run(command, tmp_path, monkeypatch, capsys):
+    target = tmp_path / "old.json"
+    target.write_text("{}")
+    _deny_writing(monkeypatch, target)
+    assert run([*command, "--json", str(target)]) == 2
+    out, err = capsys.readouterr()
+    name = " ".join(command[:2])
+    assert err.splitlines() == [
+        f"vllm-rocm-asm-decode {name}: error: --json {target}: exists and is not writable"
+    ]
+    assert out == "" and target.read_text() == "{}"
+
+
+def test_a_result_dir_under_a_read_only_directory_is_refused(tmp_path, monkeypatch, capsys):
+    parent = tmp_path / "ro"
+    parent.mkdir()
+    _deny_writing(monkeypatch, parent)
+    argv = ["bench", "serve", "--model", "m", "--vllm", STAND_IN_VLLM]
+    assert run([*argv, "--result-dir", str(parent / "a" / "b")]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line == (
+        f"vllm-rocm-asm-decode bench serve: error: --result-dir {parent}/a/b cannot be made: "
+        f"{parent} is not writable"
+    )
+    assert not (parent / "a").exists()
+
+
+# --------------------------------------------------------------------------------------
+# stdout closed or full (5)
+
+
+def _cli(*argv: str, **kw) -> subprocess.Popen:
+    code = "import sys\nfrom vllm_rocm_asm_decode.tools.cli import main\nsys.exit(main())\n"
+    return subprocess.Popen([sys.executable, "-c", code, *argv], text=True, **kw)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--version"], ["check", "passkey", "--help"]],
+    ids=["version", "help"],
+)
+def test_a_reader_that_went_away_ends_the_command_quietly_with_141(argv):
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the command writes
+    proc = _cli(*argv, stdout=write, stderr=subprocess.PIPE)
+    os.close(write)
+    _, err = proc.communicate(timeout=60)
+    assert (proc.returncode, err) == (141, "")
+
+
+def test_a_full_stdout_is_one_line_and_exit_1():
+    with open("/dev/full", "w") as full:
+        proc = _cli("--version", stdout=full, stderr=subprocess.PIPE)
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1
+    assert err.splitlines() == [
+        "vllm-rocm-asm-decode: error: cannot write to stdout: No space left on device"
+    ]
+
+
+def test_check_accuracy_writes_its_json_before_a_gone_reader_ends_it(tmp_path):
+    """The file is written first; the table then meets the closed pipe: exit 141, no
+    traceback (a fresh interpreter: torch and vLLM load, some seconds)."""
+    read, write = os.pipe()
+    os.close(read)
+    target = tmp_path / "a.json"
+    argv = ["check", "accuracy", "--heads", "8/1", "--contexts", "17", "--json", str(target)]
+    proc = _cli(*argv, stdout=write, stderr=subprocess.PIPE)
+    os.close(write)
+    _, err = proc.communicate(timeout=300)
+    assert (proc.returncode, err) == (141, "")
+    rows = json.loads(target.read_text())["rows"]
+    assert [(r["num_heads"], r["num_kv_heads"]) for r in rows] == [(8, 1)]
+
+
+class _GoneReader:
+    """A stdout whose reader has gone away."""
+
+    def write(self, text: str) -> int:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    def flush(self) -> None:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    def fileno(self) -> int:
+        import io
+
+        raise io.UnsupportedOperation("fileno")
+
+
+def test_bench_serve_writes_its_json_before_a_gone_reader_ends_it(tmp_path, monkeypatch):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    monkeypatch.setattr(sys, "stdout", _GoneReader())
+    target = tmp_path / "serve.json"
+    argv = [
+        "bench", "serve", "--model", "m", "--vllm", STAND_IN_VLLM, "--port", port,
+        "--concurrency", "1", "--num-prompts", "2", "--result-dir", str(tmp_path / "r"),
+        "--json", str(target),
+    ]  # fmt: skip
+    assert main(argv) == 141
+    data = json.loads(target.read_text())
+    assert len(data["results"]) == 2 and data["error"] is None
+
+
+# --------------------------------------------------------------------------------------
+# passkey: lazy prompts, replies and URLs (7, 9, 21)
+
+
+def test_passkey_holds_only_the_prompts_in_flight():
+    from vllm_rocm_asm_decode.tools.validation import passkey
+
+    made, answered, most = [0], [0], [0]
+
+    def prompts():
+        for prompt in passkey.make_prompts([100, 200], 500, seed=0):
+            made[0] += 1
+            most[0] = max(most[0], made[0] - answered[0])
+            yield prompt
+
+    def answer(prompt):
+        answered[0] += 1
+        return prompt.passkey if prompt.length == 100 else "no"
+
+    tally = passkey.score(prompts(), answer, in_flight=4)
+    assert tally == {100: [500, 500], 200: [0, 500]}
+    assert most[0] <= 4 + 1  # in flight, and the one being made
+
+
+def test_passkey_stops_sending_at_the_first_error():
+    from vllm_rocm_asm_decode.tools.validation import passkey
+
+    made = [0]
+
+    def prompts():
+        for prompt in passkey.make_prompts([100], 10000, seed=0):
+            made[0] += 1
+            yield prompt
+
+    def answer(prompt):
+        raise passkey.ServerError("HTTP 500: boom")
+
+    with pytest.raises(passkey.ServerError, match="boom"):
+        passkey.score(prompts(), answer, in_flight=2)
+    assert made[0] < 10
+
+
+@pytest.mark.parametrize(
+    ("failure", "says"),
+    [
+        ("refused", "cannot reach http://127.0.0.1:9/v1/completions: Connection refused"),
+        ("idna", "the URL http://127.0.0.1:9/v1/completions cannot be used: encoding with"),
+        ("read-timeout", "no answer from http://127.0.0.1:9/v1/completions within 5 s"),
+    ],
+    ids=["refused", "idna", "read-timeout"],
+)
+def test_passkey_url_errors_are_named_as_such(failure, says, monkeypatch, capsys):
+    from vllm_rocm_asm_decode.tools.validation import passkey
+
+    def urlopen(request, timeout):
+        if failure == "refused":
+            raise urllib.error.URLError(ConnectionRefusedError(111, "Connection refused"))
+        if failure == "idna":
+            raise UnicodeError("encoding with 'idna' codec failed (UnicodeError: label too long)")
+        raise TimeoutError("timed out")
+
+    monkeypatch.setattr(passkey.urllib.request, "urlopen", urlopen)
+    argv = ["check", "passkey", "--model", "m", "--prompts", "1", "--lengths", "100"]
+    assert run([*argv, "--base-url", "http://127.0.0.1:9", "--timeout", "5"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert says in line and "not JSON" not in line
+
+
+# --------------------------------------------------------------------------------------
+# the command line itself
+
+
+def test_version_is_the_package_version():
+    import re
+
+    pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
+    version = re.search(r'^version = "([^"]+)"$', pyproject.read_text(), re.M).group(1)
+    proc = _cli("--version", stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err = proc.communicate(timeout=60)
+    assert (proc.returncode, out, err) == (0, f"vllm-rocm-asm-decode {version}\n", "")
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["upstream", "/no/such/tree"], "vllm-rocm-asm-decode upstream: error: /no/such/tree"),
+        (
+            ["bench", "serve", "--model", "m", "--vllm", "no-such-vllm"],
+            "vllm-rocm-asm-decode bench serve: error: --vllm no-such-vllm: no such executable",
+        ),
+        (
+            ["check", "accuracy"],
+            "vllm-rocm-asm-decode check accuracy: error: VLLM_LOGGING_LEVEL='bogus' is not a "
+            "logging level",
+        ),
+    ],
+    ids=["upstream-ignores-it", "bench-serve-ignores-it", "check-accuracy-refuses-it"],
+)
+def test_vllm_logging_level_is_checked_only_where_vllm_is_imported(argv, says, monkeypatch, capsys):
+    monkeypatch.setenv("VLLM_LOGGING_LEVEL", "bogus")
+    assert run(argv) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(says), line
+
+
+@pytest.mark.parametrize(
+    ("content", "argv", "says"),
+    [
+        (
+            b'{"num_attention_heads": 40,\0 "num_hidden_layers": 2}',
+            ["plan", "--model", "{dir}"],
+            "{dir}/config.json has a NUL byte at byte offset 27: not JSON text",
+        ),
+        (
+            '[{"conversations": ["\u00e9\0"]}]'.encode(),
+            [
+                "bench", "serve", "--model", "m", "--vllm", STAND_IN_VLLM,
+                "--dataset", "sharegpt", "--dataset-path", "{dir}/config.json",
+            ],
+            "--dataset-path {dir}/config.json has a NUL byte at byte offset 23",
+        ),
+    ],
+    ids=["config-json", "sharegpt"],
+)  # fmt: skip
+def test_a_nul_byte_is_reported_at_its_byte_offset(content, argv, says, tmp_path, capsys):
+    (tmp_path / "config.json").write_bytes(content)
+    assert run([a.replace("{dir}", str(tmp_path)) for a in argv]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert says.replace("{dir}", str(tmp_path)) in line, line
+
+
+def test_the_accuracy_bound_lets_the_documented_longest_context_through():
+    """--contexts up to 131072 is documented: with the default layouts it must fit."""
+    assert choices.accuracy_memory_problem(None, [131072]) is None
+    assert choices.accuracy_memory_problem(None, None) is None

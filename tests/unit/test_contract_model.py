@@ -269,11 +269,11 @@ def test_the_time_model_fits_the_original_kernel_table():
     assert 3.5 < model.asm_us(longer, 8) / model.hip_us(longer, 8) < 4.5
 
 
-def test_the_core_skew_clause_is_the_fitted_models():
-    """The constants vLLM gets are the fit's, rounded (they are not typed in apart from it)."""
-    from vllm_rocm_asm_decode import core
+def test_the_skew_clause_is_the_fitted_models():
+    """The plugin's constants are the fit's, rounded (not typed in apart from it)."""
+    from vllm_rocm_asm_decode import skew
     from vllm_rocm_asm_decode.tools.contract_model import original_time_model
 
     model = original_time_model()
-    assert core.ASM_SKEW_RATIO == round(model.skew_ratio)
-    assert core.ASM_SKEW_HEAD_TOKENS == round(model.skew_head_tokens, -2)
+    assert skew.ASM_SKEW_RATIO == round(model.skew_ratio)
+    assert skew.ASM_SKEW_HEAD_TOKENS == round(model.skew_head_tokens, -2)

@@ -22,6 +22,7 @@ from vllm_rocm_asm_decode.core import asm_decode, asm_decode_rejections, use_asm
 from vllm_rocm_asm_decode.eligibility import FP16_UNPROVEN, call_uses_asm, rejection_reasons
 from vllm_rocm_asm_decode.kernel_table import fallback_table, load_table
 from vllm_rocm_asm_decode.mixed import leading_decodes, split_asm_decode
+from vllm_rocm_asm_decode.skew import ASM_SKEW_RATIO, asm_decode_skewed
 from vllm_rocm_asm_decode.tools.contract_model import original_time_model
 
 HSA = Path(__file__).resolve().parents[1] / "standins" / "kernels" / "aiter" / "hsa"
@@ -194,7 +195,8 @@ def test_asm_iff_every_condition_holds(
     # Without host lengths the batch counts as uniform at its longest.
     work = sum(contexts) if host_lengths else max(contexts) * num_reqs
     chosen = call_uses_asm(
-        step_asm=use_asm_decode(step, layer.num_heads, layer.num_kv_heads, cut),
+        step_asm=use_asm_decode(step, layer.num_heads, cut)
+        and not asm_decode_skewed(step, num_reqs, layer.num_kv_heads, ASM_SKEW_RATIO),
         layer_eligible=layer_ok,
         output_quant_requested=output_quant,
         tensors_ok=not call_query_fp8,
@@ -257,7 +259,7 @@ def test_step_cut_is_strictly_above():
             max_seq_len=1024,
             seq_lens_cpu_upper_bound=torch.full((num_reqs,), 1024),
         )
-        return use_asm_decode(common, 32, 8, 512)
+        return use_asm_decode(common, 32, 512)
 
     assert not step(16, 16)  # 512 is not above 512
     assert step(17, 17)
@@ -431,7 +433,7 @@ def test_mixed_split_iff_every_condition_holds(
 ):
     query_lens = [1] * num_decodes + prefills + ([1] if trailing_decode and prefills else [])
     assume(query_lens)
-    split = split_asm_decode(mixed_step(query_lens), SPLITTABLE, num_heads, 8, cut)
+    split = split_asm_decode(mixed_step(query_lens), SPLITTABLE, num_heads, cut)
     expected = (
         bool(prefills)  # a prefill row in the step
         and not trailing_decode  # every decode leads

@@ -93,7 +93,10 @@ def test_bench_command_for_sharegpt(tmp_path):
         ("", "is not a JSON list"),
         ('{"conversations": []}', "is not a JSON list"),
         ("  []", "is an empty JSON list"),
-        ('[{"conversations": [}', "is not JSON (Expecting value in its first entry)"),
+        (
+            '[{"conversations": [}',
+            "is not JSON (Expecting value at byte offset 20, in its first entry)",
+        ),
         ('[{"id": 1}, ', "has no 'conversations' list in its first entry"),
         ("[1, 2]", "has no 'conversations' list in its first entry"),
         ('\n[{"conversations": [{"from": "human", "value": "' + "x" * (3 << 20) + '"}]}', None),
@@ -161,7 +164,7 @@ def test_the_arm_is_confirmed_from_the_server_log(arm, log, confirmed, detail):
 
 
 def test_arms_alternate_and_switches_do_not_leak():
-    assert sb.arm_order("plugin-off", 3) == [
+    assert list(sb.arm_order("plugin-off", 3)) == [
         (0, "plugin-off"),
         (0, "asm-decode"),
         (1, "asm-decode"),
@@ -410,3 +413,93 @@ def test_a_missing_or_broken_result_file_is_a_serve_error(tmp_path, content, say
         path.write_text(content)
     with pytest.raises(sb.ServeError, match=says):
         sb.parse_result(path, "asm-decode", 0)
+
+
+def test_a_fifo_or_device_as_dataset_is_not_a_regular_file(tmp_path):
+    fifo = tmp_path / "data.fifo"
+    os.mkfifo(fifo)
+    for path in (fifo, Path("/dev/null")):
+        with pytest.raises(ValueError, match=f"--dataset-path {path} is not a regular file"):
+            sb.ServeConfig(model="m", dataset="sharegpt", dataset_path=path)
+
+
+def test_runs_are_made_as_the_run_reaches_them():
+    """--repeats sizes nothing up front: the first runs of a huge count come at once."""
+    import itertools
+
+    first = list(itertools.islice(sb.arm_order("mha-off", 10**18), 3))
+    assert first == [(0, "mha-off"), (0, "asm-decode"), (1, "asm-decode")]
+
+
+def free_port6() -> int:
+    with socket.socket(socket.AF_INET6) as s:
+        s.bind(("::1", 0))
+        return s.getsockname()[1]
+
+
+def test_an_ipv6_host_is_served_and_benchmarked(tmp_path):
+    """--host ::1: the port is tried in IPv6, /health asked at http://[::1]:port."""
+    from vllm_rocm_asm_decode.tools.cli import _port_taken
+
+    port = free_port6()
+    assert _port_taken("::1", port) is None and not sb.port_in_use("::1", port)
+    outcome = sb.run_ab(config(tmp_path, host="::1", port=port), log=lambda _: None)
+    assert outcome.error is None, outcome.error
+    assert [(r.arm, r.concurrency) for r in outcome.results] == [
+        ("plugin-off", 1),
+        ("plugin-off", 64),
+        ("asm-decode", 1),
+        ("asm-decode", 64),
+    ]
+
+
+def test_a_second_ctrl_c_kills_a_slow_server_and_the_json_is_written(tmp_path):
+    """The first Ctrl-C (mid-run) stops the server, which drains slowly; the second
+    kills its process group at once. --json is written, exit 130, no traceback."""
+    import signal
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    port, result_dir, target = free_port(), tmp_path / "r", tmp_path / "out.json"
+    env = dict(os.environ, FAKE_VLLM_SLOW_STOP="300", FAKE_VLLM_BENCH_SECONDS="60")
+    code = "import sys\nfrom vllm_rocm_asm_decode.tools.cli import main\nsys.exit(main())\n"
+    argv = [
+        "bench", "serve", "--model", "m", "--vllm", FAKE_VLLM, "--port", str(port),
+        "--concurrency", "1", "--num-prompts", "1", "--result-dir", str(result_dir),
+        "--json", str(target),
+    ]  # fmt: skip
+    cli = subprocess.Popen(
+        [sys.executable, "-c", code, *argv], env=env, stderr=subprocess.PIPE, text=True
+    )
+    watchdog = threading.Timer(120, cli.kill)
+    watchdog.start()
+    server_log = result_dir / "server-plugin-off-r0.log"
+    lines, second_at = [], None
+    try:
+        for line in cli.stderr:
+            lines.append(line)
+            if line.startswith("== plugin-off (repeat 0): asm decode off"):
+                cli.send_signal(signal.SIGINT)  # Ctrl-C while vllm bench serve runs
+            elif line.startswith("== stopping the plugin-off server"):
+                deadline = time.monotonic() + 30
+                while "stopping slowly" not in server_log.read_text():
+                    assert time.monotonic() < deadline, server_log.read_text()
+                    time.sleep(0.05)
+                second_at = time.monotonic()
+                cli.send_signal(signal.SIGINT)  # Ctrl-C again while it drains
+        cli.wait()
+    finally:
+        watchdog.cancel()
+    assert second_at is not None and time.monotonic() - second_at < 20, lines
+    assert cli.returncode == 130, lines
+    assert "Traceback" not in "".join(lines)
+    assert lines[-1].strip() == (
+        "vllm-rocm-asm-decode bench serve: error: interrupted (nothing was measured)"
+    )
+    data = json.loads(target.read_text())
+    assert data["interrupted"] is True and data["results"] == []
+    pid = int(server_log.read_text().split("pid ", 1)[1].split()[0])
+    assert not alive(pid)
+    assert not sb.port_in_use("127.0.0.1", port)

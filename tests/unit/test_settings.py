@@ -130,3 +130,21 @@ def test_a_cut_of_thousands_of_digits_is_refused_not_parsed(monkeypatch):
     with pytest.raises(settings.SettingError) as err:
         settings.cut_override()
     assert f"{settings.CUT_ENV}='{'9' * 40}...' is not a positive" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("raw", "shown"),
+    [
+        ("False", "VLLM_ROCM_ASM_DECODE=False"),
+        ("FALSE", "VLLM_ROCM_ASM_DECODE=FALSE"),
+        ("0", "VLLM_ROCM_ASM_DECODE=0"),
+        (None, "VLLM_ROCM_ASM_DECODE=(unset)"),
+    ],
+    ids=["False", "FALSE", "0", "unset"],
+)
+def test_the_switch_is_reported_as_written(monkeypatch, raw, shown):
+    if raw is None:
+        monkeypatch.delenv(settings.SWITCH_ENV, raising=False)
+    else:
+        monkeypatch.setenv(settings.SWITCH_ENV, raw)
+    assert settings.switch_as_written() == shown

@@ -285,7 +285,7 @@ def test_the_written_rule_is_the_runtime_modules_code(applied, module):
     block = privatized(without_plugin_only(raw))
     if module == "core":
         assert all(f"def {name}(" in raw and f"def {name}(" not in block for name in PLUGIN_ONLY)
-        assert "_ASM_BLOCK_SIZE, _ASM_HEAD_SIZE" in block and "\nASM_" not in block
+        assert "_ASM_BLOCK_SIZE = 16" in block and "\nASM_" not in block
     written = (root / upstream.ROCM_ATTN).read_text()
     assert block in written
     expected = _statements(block)
@@ -624,3 +624,272 @@ def test_check_on_a_read_only_tree_says_so(tree, capsys):
     finally:
         backends.chmod(0o755)
     assert code == 2 and "Permission denied; a real run would fail" in err
+
+
+# --------------------------------------------------------------------------------------
+# Part of a stage, files of the user's, line endings, Ctrl-C, a closed stdout
+
+STAGE_1_FIELD = "    use_asm_decode: bool = False  # pa_fwd_asm decodes this step\n"
+
+
+def _drop(line: str):
+    def damage(path: Path) -> None:
+        text = path.read_text()
+        assert text.count(line) == 1, line
+        path.write_text(text.replace(line, ""))
+
+    return damage
+
+
+def _add_field(path: Path) -> None:
+    text = path.read_text()
+    anchor = "    causal: bool = True\n\n\nclass RocmAttentionMetadataBuilder("
+    assert text.count(anchor) == 1
+    field = "    asm_scales: dict | None = None\n"
+    path.write_text(text.replace(anchor, anchor.replace("\n\n\n", "\n" + field + "\n\n", 1)))
+
+
+PARTS = {
+    # A stage-1 tree with the metadata's use_asm_decode field deleted by hand.
+    "stage-1-field-deleted": (
+        1,
+        upstream.ROCM_ATTN,
+        _drop(STAGE_1_FIELD),
+        "carries part of stage 1: it lacks the edit of RocmAttentionMetadata and has the rest",
+    ),
+    "stage-1-keyword-deleted": (
+        1,
+        upstream.AITER_OPS,
+        _drop("            high_precision=high_precision,\n"),
+        "carries part of stage 1: it lacks the edit of rocm_aiter_ops.pa_fwd_asm",
+    ),
+    "stage-2-field-deleted": (
+        2,
+        upstream.ROCM_ATTN,
+        _drop("    asm_split: _AsmDecodeSplit | None = None\n"),
+        "carries part of stage 2: it lacks the edit of RocmAttentionMetadata and has the rest",
+    ),
+    # A stock tree where one field of stage 1 was written by hand.
+    "stage-1-field-by-hand": (
+        0,
+        upstream.ROCM_ATTN,
+        _add_field,
+        "carries part of stage 1: it defines RocmAttentionMetadata.asm_scales already, "
+        "which stage 1 adds",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(PARTS), ids=list(PARTS))
+def test_a_tree_with_part_of_a_stage_is_refused_not_stacked(tree, capsys, case):
+    carried, rel, damage, message = PARTS[case]
+    if carried:
+        upstream.apply(tree, carried)
+    damage(tree / rel)
+    before = snapshot(tree)
+    stage = str(max(carried, 1))
+    for argv in ((str(tree), "--stage", stage), (str(tree), "--stage", stage, "--check")):
+        code, out, err = run(capsys, *argv)
+        assert code == 2 and out == "" and err.count("\n") == 1, err
+        assert err.startswith(f"vllm-rocm-asm-decode upstream: error: {rel}: {message}"), err
+        assert f"git checkout -- {rel}" in err
+    assert snapshot(tree) == before
+
+
+@pytest.mark.parametrize(
+    ("rel", "stage"),
+    [(upstream.KERNEL_TEST, "1"), (upstream.SCALE_TABLES, "3")],
+    ids=["kernel-test", "scale-tables"],
+)
+def test_a_file_of_the_users_where_a_new_file_goes_is_refused(tree, capsys, rel, stage):
+    (tree / rel).parent.mkdir(parents=True, exist_ok=True)
+    (tree / rel).write_text("# my test\n")
+    before = snapshot(tree)
+    for argv in ((str(tree), "--stage", stage), (str(tree), "--stage", stage, "--check")):
+        code, out, err = run(capsys, *argv)
+        assert code == 2 and out == "" and err.count("\n") == 1, err
+        assert f"{tree / rel} is there already and is not the file stage " in err, err
+        assert "move it aside" in err and "nothing written" in err
+    assert snapshot(tree) == before
+
+
+def test_a_new_file_already_there_as_upstream_writes_it_is_left_alone(tree, capsys):
+    reference = stock_tree(tree.parent / "reference")
+    upstream.apply(reference, 3)
+    for rel in (upstream.KERNEL_TEST, upstream.SCALE_TABLES):
+        (tree / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(reference / rel, tree / rel)
+    code, out, _ = run(capsys, str(tree), "--stage", "3")
+    stat = out.split("\n--- pull-request text")[0]
+    assert code == 0 and "4 files changed" in stat, stat
+    assert "(new)" not in stat and "asm_scale_tables.py" not in stat
+    assert snapshot(tree) == snapshot(reference)
+
+
+def _crlf(path: Path) -> None:
+    path.write_bytes(path.read_bytes().replace(b"\n", b"\r\n"))
+
+
+def test_crlf_line_endings_are_kept(tree, capsys):
+    """A checkout with CRLF endings (git's autocrlf) gets CRLF lines: the same change as
+    an LF tree, every line ending CRLF; a second run, and a kernel test turned CRLF by
+    git, then have nothing to do."""
+    reference = stock_tree(tree.parent / "reference")
+    upstream.apply(reference, 2)
+    for rel in (upstream.ROCM_ATTN, upstream.AITER_OPS, upstream.PAGED_DECODE):
+        _crlf(tree / rel)
+    code, out, _ = run(capsys, str(tree), "--stage", "2")
+    assert code == 0 and "4 files changed" in out
+    for rel in (upstream.ROCM_ATTN, upstream.AITER_OPS, upstream.PAGED_DECODE):
+        raw = (tree / rel).read_bytes()
+        assert raw.count(b"\n") == raw.count(b"\r\n") > 100, rel
+        assert raw.replace(b"\r\n", b"\n") == (reference / rel).read_bytes(), rel
+    assert (tree / upstream.KERNEL_TEST).read_bytes() == (
+        reference / upstream.KERNEL_TEST
+    ).read_bytes()
+    _crlf(tree / upstream.KERNEL_TEST)
+    after = snapshot(tree)
+    for argv in ((str(tree), "--stage", "2"), (str(tree), "--stage", "2", "--check")):
+        code, out, _ = run(capsys, *argv)
+        assert code == 0 and out.endswith(
+            "already carries stages 1-2 of this change; nothing to do\n"
+        )
+    assert snapshot(tree) == after
+
+
+def test_mixed_line_endings_are_refused_in_one_line(tree, capsys):
+    path = tree / upstream.ROCM_ATTN
+    path.write_bytes(path.read_bytes().replace(b"\n", b"\r\n", 3))
+    before = snapshot(tree)
+    code, out, err = run(capsys, str(tree))
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert f"{path} mixes line endings (CRLF with LF or a lone CR)" in err
+    assert snapshot(tree) == before
+
+
+def _dirs(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("*") if p.is_dir())
+
+
+def _nth_call(n: int, real, then):
+    """``real`` with its ``n``-th call preceded by ``then()``."""
+    calls = []
+
+    def call(*args, **kwargs):
+        calls.append(args)
+        if len(calls) == n:
+            then()
+        return real(*args, **kwargs)
+
+    return call
+
+
+def _interrupt() -> None:
+    raise KeyboardInterrupt
+
+
+NOTHING = "vllm-rocm-asm-decode upstream: interrupted; nothing was written to {}\n"
+WRITTEN = (
+    "vllm-rocm-asm-decode upstream: interrupted; {} was written: it carries stage 1 "
+    "(3 files changed)\n"
+)
+
+
+@pytest.mark.parametrize(
+    "where", ["staging-2nd-file", "replacing-2nd-file"], ids=["staging", "replacing"]
+)
+def test_ctrl_c_before_every_file_is_in_place_writes_nothing(tree, capsys, monkeypatch, where):
+    """Ctrl-C while the new texts are staged, or between two files moved into place:
+    every file as it was, no staged file or new directory left, and the message says
+    nothing was written."""
+    if where.startswith("staging"):
+        patched = _nth_call(2, upstream.tempfile.mkstemp, _interrupt)
+        monkeypatch.setattr(upstream.tempfile, "mkstemp", patched)
+    else:
+        monkeypatch.setattr(upstream.os, "replace", _nth_call(2, os.replace, _interrupt))
+    before, dirs = snapshot(tree), _dirs(tree)
+    code, out, err = run(capsys, str(tree))
+    assert code == 130 and out == "" and err == NOTHING.format(tree)
+    assert snapshot(tree) == before and _dirs(tree) == dirs
+
+
+def test_a_sigint_while_files_are_moved_into_place_takes_effect_once_all_are(
+    tree, capsys, monkeypatch
+):
+    """A real SIGINT between two files moved into place is held back: the tree is
+    written whole, then the run stops at 130 saying so."""
+    import signal
+
+    reference = stock_tree(tree.parent / "reference")
+    upstream.apply(reference, 1)
+    sigint = _nth_call(1, os.replace, lambda: signal.raise_signal(signal.SIGINT))
+    monkeypatch.setattr(upstream.os, "replace", sigint)
+    code, out, err = run(capsys, str(tree))
+    assert code == 130 and out == "" and err == WRITTEN.format(tree)
+    assert snapshot(tree) == snapshot(reference)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_ctrl_c_while_printing_says_the_tree_was_written(tree, capsys, monkeypatch):
+    reference = stock_tree(tree.parent / "reference")
+    upstream.apply(reference, 1)
+    monkeypatch.setattr(upstream, "pr_text", lambda stage: _interrupt())
+    code, out, err = run(capsys, str(tree))
+    assert code == 130 and "changed:" in out and err == WRITTEN.format(tree)
+    assert snapshot(tree) == snapshot(reference)
+
+
+def test_ctrl_c_during_check_says_nothing_was_written(tree, capsys, monkeypatch):
+    monkeypatch.setattr(upstream, "diff_stat", lambda changes: _interrupt())
+    before = snapshot(tree)
+    code, _, err = run(capsys, str(tree), "--check")
+    assert code == 130 and err == NOTHING.format(tree)
+    assert snapshot(tree) == before
+
+
+@pytest.mark.parametrize(("check", "status"), [(False, 0), (True, 1)], ids=["write", "check"])
+def test_a_closed_stdout_ends_quietly_after_writing(tree, check, status):
+    """``upstream DIR | head -0``: stdout is closed before anything is printed; the tree
+    is written whole (or, with --check, left alone), no traceback, the write's status."""
+    reference = stock_tree(tree.parent / "reference")
+    if not check:
+        upstream.apply(reference, 1)
+    command = Path(sys.executable).with_name("vllm-rocm-asm-decode")
+    proc = subprocess.Popen(
+        [str(command), "upstream", str(tree), *(["--check"] if check else [])],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    proc.stdout.close()  # the reader is gone before the command prints
+    err = proc.stderr.read().decode()
+    proc.stderr.close()
+    assert proc.wait(timeout=120) == status and err == "", err
+    assert snapshot(tree) == snapshot(reference)
+
+
+def test_ctrl_c_after_the_last_line_is_printed_does_not_kill_the_command_silently(tree):
+    """A SIGINT once everything is printed (Python then tears its modules down) ends
+    the command with the status of the write, not by the signal without a word."""
+    import signal
+
+    last = upstream.pr_text(1).rstrip("\n").splitlines()[-1]
+    command = Path(sys.executable).with_name("vllm-rocm-asm-decode")
+    proc = subprocess.Popen(
+        [str(command), "upstream", str(tree)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    for line in proc.stdout:
+        if line.rstrip("\n") == last:
+            break
+    time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    proc.stdout.read()
+    err = proc.stderr.read()
+    proc.stdout.close()
+    proc.stderr.close()
+    code = proc.wait(timeout=120)
+    assert code == 0 and err == "", (code, err)
+    assert "def _asm_decode_rejections(" in (tree / upstream.ROCM_ATTN).read_text()

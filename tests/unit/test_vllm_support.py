@@ -147,8 +147,10 @@ ROCM_ATTN = "vllm.v1.attention.backends.rocm_attn"
         ),
         (
             ROCM_ATTN,
-            "        common_prefix_len: int,\n        common_attn_metadata: CommonAttentionMetadata,",
-            "        common_attn_metadata: CommonAttentionMetadata,\n        common_prefix_len: int,",
+            "        common_prefix_len: int,\n"
+            "        common_attn_metadata: CommonAttentionMetadata,",
+            "        common_attn_metadata: CommonAttentionMetadata,\n"
+            "        common_prefix_len: int,",
             "RocmAttentionMetadataBuilder.build takes (",
         ),
     ],

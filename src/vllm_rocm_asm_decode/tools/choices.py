@@ -4,8 +4,13 @@ dtypes, model directories, numbers. Every error here is one line (:class:`InputE
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import json
+import math
 import os
+import re
+import stat
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,6 +60,23 @@ MAX_GPU_BLOCKS = 2**31 - 1
 MAX_CONTEXT = 131072
 #: The GQA ratios the shipped ultra-precision kernels serve.
 MAX_GQA = 8
+#: ``check accuracy``'s grid on the GPU (the original change's): head layouts and
+#: context lengths, when ``--heads`` and ``--contexts`` are not given.
+ACCURACY_LAYOUTS = ((40, 8), (32, 8), (64, 8), (32, 4))
+ACCURACY_CONTEXTS = (1, 15, 16, 17, 255, 1000, 4000)
+#: The most host memory one ``check accuracy`` case may take (its fp8 cache, the draws
+#: and the fp32 reference); a case past it is refused before anything is allocated.
+MAX_ACCURACY_CASE_BYTES = 16 * 2**30
+#: The largest KV cache one ``bench kernel`` case may ask the GPU for.
+MAX_KERNEL_CACHE_BYTES = 64 * 2**30
+#: Bounds on counts that size a run: ``bench serve --repeats`` (each repeat starts two
+#: servers), ``check passkey --prompts`` (per length) and ``--in-flight`` (threads).
+MAX_REPEATS = 1000
+MAX_PROMPTS = 10000
+MAX_IN_FLIGHT = 1024
+#: The longest wait an option takes, in seconds (a day): past it a socket timeout
+#: overflows, and no server takes that long.
+MAX_SECONDS = 86400
 #: vLLM's ``CUDAGraphMode`` names ``plan --cudagraph-mode`` takes; the first is vLLM's
 #: default.
 CUDAGRAPH_MODES = ("FULL_AND_PIECEWISE", "FULL_DECODE_ONLY", "FULL", "PIECEWISE", "NONE")
@@ -89,8 +111,15 @@ def resolve_model_dir(model: str) -> tuple[Path, str]:
     if path.is_dir():
         config = path / "config.json"
         try:
-            raw = json.loads(config.read_text())
-        except (OSError, ValueError) as exc:
+            data = config.read_bytes()
+        except OSError as exc:
+            raise InputError(f"cannot read {config}: {first_line(exc)}") from exc
+        nul = data.find(b"\0")
+        if nul >= 0:
+            raise InputError(f"{config} has a NUL byte at byte offset {nul}: not JSON text")
+        try:
+            raw = json.loads(data.decode("utf-8"))
+        except ValueError as exc:
             raise InputError(f"cannot read {config}: {first_line(exc)}") from exc
         if not isinstance(raw, dict):
             raise InputError(f"{config} is not a JSON object")
@@ -178,14 +207,52 @@ def check_model_config(model_dir: Path, tensor_parallel_size: int = 1) -> None:
 # argparse types: each rejects in one line, before anything heavy is imported
 
 
-def positive_int(text: str) -> int:
+_INTEGER = re.compile(r"[+-]?[0-9]+")
+
+
+def _ascii_int(text: str) -> int:
+    """``text`` as an integer written in ASCII digits (an optional sign, spaces around);
+    ValueError otherwise. ``int()`` alone would take other scripts' digits and ``_``."""
+    stripped = text.strip()
+    if not _INTEGER.fullmatch(stripped):
+        raise ValueError(text)
+    return int(stripped)
+
+
+def integer(text: str) -> int:
     try:
-        value = int(text)
+        return _ascii_int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number (ASCII digits)") from None
+
+
+def positive_int(text: str) -> int:
+    value = integer(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"{value} must be at least 1")
     return value
+
+
+def _bounded(text: str, limit: int, what: str) -> int:
+    value = positive_int(text)
+    if value > limit:
+        raise argparse.ArgumentTypeError(f"{value} is more than {limit} {what}")
+    return value
+
+
+def repeats(text: str) -> int:
+    """``bench serve --repeats``: 1 to :data:`MAX_REPEATS`."""
+    return _bounded(text, MAX_REPEATS, "repeats (each starts two servers)")
+
+
+def prompts(text: str) -> int:
+    """``check passkey --prompts``: 1 to :data:`MAX_PROMPTS` per length."""
+    return _bounded(text, MAX_PROMPTS, "prompts per length")
+
+
+def in_flight(text: str) -> int:
+    """``check passkey --in-flight``: 1 to :data:`MAX_IN_FLIGHT` requests at once."""
+    return _bounded(text, MAX_IN_FLIGHT, "requests in flight")
 
 
 def gpu_blocks(text: str) -> int:
@@ -230,12 +297,23 @@ def port(text: str) -> int:
 
 
 def positive_float(text: str) -> float:
+    stripped = text.strip()
     try:
-        value = float(text)
+        if not stripped.isascii() or "_" in stripped:  # float() takes both
+            raise ValueError(text)
+        value = float(stripped)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number (ASCII digits)") from None
     if not 0 < value < float("inf"):
         raise argparse.ArgumentTypeError(f"{text} must be a finite number above 0")
+    return value
+
+
+def seconds(text: str) -> float:
+    """A timeout: above 0, at most :data:`MAX_SECONDS`."""
+    value = positive_float(text)
+    if value > MAX_SECONDS:
+        raise argparse.ArgumentTypeError(f"{text}: at most {MAX_SECONDS} seconds (a day)")
     return value
 
 
@@ -267,7 +345,7 @@ def cudagraph_mode(text: str) -> str:
 
 def int_list(text: str, minimum: int = 1, maximum: int | None = None) -> list[int]:
     try:
-        values = [int(v) for v in text.split(",") if v.strip()]
+        values = [_ascii_int(v) for v in text.split(",") if v.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"{text!r} is not a comma-separated list of integers"
@@ -299,9 +377,28 @@ def nonempty(text: str) -> str:
     return text
 
 
+def _host_problem(host: str) -> str | None:
+    """Why ``host`` (a URL's host, brackets removed) cannot be dialled as written; None
+    when it can: an IP address, or a name whose dot-separated labels are 1 to 63
+    characters (IDNA), 253 in all."""
+    try:
+        ipaddress.ip_address(host)
+        return None
+    except ValueError:
+        pass
+    try:
+        encoded = host.encode("idna")
+    except UnicodeError:
+        return "a host name whose labels (between dots) are 1 to 63 characters"
+    if len(encoded) > 253:
+        return "a host name of at most 253 characters"
+    return None
+
+
 def http_url(text: str) -> str:
     """A server's root URL: ``http(s)://host[:port][/path]``; an OpenAI-style base URL
-    ending in ``/v1`` is taken as its root (the tools add ``/v1/...`` themselves)."""
+    ending in ``/v1`` is taken as its root (the tools add ``/v1/...`` themselves). No
+    user name or password (the tools send none)."""
     from urllib.parse import urlsplit
 
     if any(c.isspace() or not c.isprintable() for c in text):
@@ -315,6 +412,13 @@ def http_url(text: str) -> str:
         port = -1
     if (port is not None and not 1 <= port <= 65535) or not parts.hostname:
         raise argparse.ArgumentTypeError(f"{text!r}: the host or port is not valid")
+    if "@" in parts.netloc:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: a user name or password in the URL is not supported (the requests "
+            "carry no credentials); give http(s)://host:port"
+        )
+    if why := _host_problem(parts.hostname):
+        raise argparse.ArgumentTypeError(f"{text!r}: the host must be an IP address or {why}")
     if parts.query or parts.fragment:
         raise argparse.ArgumentTypeError(f"{text!r}: give the server's URL, without ?query or #")
     root = f"{parts.scheme.lower()}://{parts.netloc}{parts.path}".rstrip("/")
@@ -330,7 +434,7 @@ def precision(text: str) -> str:
 def layouts(text: str) -> list[tuple[int, int]]:
     """``Q/KV,...`` head layouts the asm kernel serves (GQA up to 8)."""
     try:
-        pairs = [tuple(int(x) for x in item.split("/")) for item in text.split(",")]
+        pairs = [tuple(_ascii_int(x) for x in item.split("/")) for item in text.split(",")]
     except ValueError:
         pairs = []
     if not pairs or any(len(p) != 2 or min(p) < 1 or p[0] % p[1] for p in pairs):
@@ -343,3 +447,128 @@ def layouts(text: str) -> list[tuple[int, int]]:
             f"{', '.join(too_wide)}: GQA above {MAX_GQA} has no ultra-precision asm kernel"
         )
     return [(p[0], p[1]) for p in pairs]
+
+
+# --------------------------------------------------------------------------------------
+# what an input makes a tool allocate, judged from the options before anything is
+
+
+def gib(size: int) -> str:
+    return f"{size / 2**30:.1f} GiB"
+
+
+def accuracy_case_bytes(heads: int, kv_heads: int, contexts: Sequence[int]) -> int:
+    """Host memory one ``check accuracy`` case takes at its peak, about: the fp8 cache
+    of every sequence (K and V), the block table, the queries and the fp32 reference,
+    and for the longest sequence its K and V drawn in fp32 and quantized, and the
+    reference's K and V widened to every query head with its scores."""
+    head, block = 128, 16
+    longest = max(contexts)
+    pages = sum(math.ceil(n / block) for n in contexts) + 1
+    cache = 2 * pages * block * kv_heads * head
+    table = len(contexts) * (math.ceil(longest / block) + 1) * 4
+    batch = len(contexts) * heads * head * (4 + 2 + 4)
+    per_token = kv_heads * head * 18 + heads * head * 8 + heads * 4 * 3
+    return cache + table + batch + longest * per_token
+
+
+def accuracy_memory_problem(
+    layouts: Sequence[tuple[int, int]] | None, contexts: Sequence[int] | None
+) -> str | None:
+    """Why ``check accuracy`` would take more than :data:`MAX_ACCURACY_CASE_BYTES` for
+    one case of these options (the grid's defaults where not given); None when not."""
+    layouts = layouts or ACCURACY_LAYOUTS
+    contexts = contexts or ACCURACY_CONTEXTS
+    size, (heads, kv_heads) = max((accuracy_case_bytes(*lay, contexts), lay) for lay in layouts)
+    if size <= MAX_ACCURACY_CASE_BYTES:
+        return None
+    return (
+        f"--heads {heads}/{kv_heads} with --contexts of {len(contexts)} sequence(s) up to "
+        f"{max(contexts)} tokens takes about {gib(size)} of memory per case, more than the "
+        f"{gib(MAX_ACCURACY_CASE_BYTES)} allowed; give fewer heads or shorter contexts"
+    )
+
+
+def plugin_settings_problem() -> str | None:
+    """What in this environment would stop both arms' servers, or keep the plugin out of
+    the candidate's (``bench serve`` sets ``VLLM_ROCM_ASM_DECODE`` per arm itself)."""
+    from .. import settings
+
+    bad = [p for p in settings.problems() if not p.startswith(f"{settings.SWITCH_ENV}=")]
+    if bad:
+        return "; ".join(bad)
+    if settings.left_out_by_vllm_plugins():
+        return (
+            f"VLLM_PLUGINS={os.environ['VLLM_PLUGINS']!r} leaves out {settings.ENTRY_POINT}: "
+            "no arm would run the plugin"
+        )
+    return None
+
+
+def unwritable(path: str) -> str | None:
+    """Why a result file cannot be written at ``path``, checked before a long run; None
+    when it can: a name that is not a directory (nor ends in a separator), not too long
+    for the file system, an existing file that is writable, or a new one in a writable
+    directory."""
+    if path.endswith(("/", os.sep)):
+        return "ends in a path separator; give a file name"
+    try:
+        info = os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        info = None
+    except OSError as exc:  # a name too long for the file system, a loop of links, ...
+        return exc.strerror or str(exc)
+    if info is not None:
+        if stat.S_ISDIR(info.st_mode):
+            return "is a directory"
+        if not os.access(path, os.W_OK):
+            return "exists and is not writable"
+        return None
+    parent = os.path.dirname(path) or "."
+    if not os.path.isdir(parent):
+        return f"{parent} is not a directory"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"{parent} is not writable"
+    return None
+
+
+def uncreatable_dir(path: str) -> str | None:
+    """Why files cannot be written in a directory at ``path`` (made where it is not
+    there yet), as a phrase after the path; None when they can. Checked before a long
+    run: the nearest existing ancestor must be a writable directory, and each name to
+    make short enough for its file system."""
+    try:
+        info = os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        info = None
+    except OSError as exc:
+        return f"cannot be used: {exc.strerror or exc}"
+    if info is not None:
+        if not stat.S_ISDIR(info.st_mode):
+            return "is a file"
+        if not os.access(path, os.W_OK | os.X_OK):
+            return "is not writable"
+        return None
+    missing = []
+    here = os.path.abspath(path)
+    while True:
+        here, name = os.path.split(here)
+        missing.append(name)
+        try:
+            info = os.stat(here)
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        except OSError as exc:
+            return f"cannot be made: {exc.strerror or exc}"
+        break
+    if not stat.S_ISDIR(info.st_mode):
+        return f"cannot be made: {here} is not a directory"
+    if not os.access(here, os.W_OK | os.X_OK):
+        return f"cannot be made: {here} is not writable"
+    try:
+        longest = os.pathconf(here, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        longest = 255
+    if too_long := [n for n in missing if len(os.fsencode(n)) > longest]:
+        return f"cannot be made: {too_long[-1][:40]}... is longer than {longest} bytes"
+    return None

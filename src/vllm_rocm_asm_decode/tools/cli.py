@@ -7,6 +7,12 @@
 ``check passkey``   long-context retrieval against a running server
 ``doctor``          the environment the plugin trusts, and a GPU self-test
 ``upstream DIR``    write this change into a vLLM 0.33.x source tree (the in-tree form)
+``reproduce``       the original change's whole validation on an AMD GPU, one report
+
+A reader of stdout that goes away (``| head``) ends a command quietly with exit 141
+(128 + SIGPIPE, what a shell shows for a command killed by the signal); result files
+(``--json``, ``--plot``) are written before stdout, so they are there either way. A
+stdout that cannot be written (a full disk, ``> /dev/full``) is one line and exit 1.
 """
 
 from __future__ import annotations
@@ -18,11 +24,15 @@ import logging
 import os
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from . import choices
 
 PROG = "vllm-rocm-asm-decode"
+#: The exit status when stdout's reader went away: 128 + SIGPIPE.
+EXIT_BROKEN_PIPE = 141
+#: The commands that import vLLM (and torch) themselves.
+HEAVY = ("plan", "doctor", "bench kernel", "check accuracy")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -36,12 +46,38 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
         self.exit(2, f"{self.prog}: error: {message}\n")
 
+    def _print_message(self, message: str, file=None) -> None:
+        """argparse's, except that a failed write to stdout (``--help | true``) is not
+        swallowed: :func:`main` ends the command as it ends any other."""
+        if message and file is sys.stdout:
+            file.write(message)
+        else:
+            super()._print_message(message, file)
+
+
+class _Version(argparse.Action):
+    """``--version``: the package's version from its metadata (nothing heavy imported)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs) -> None:
+        super().__init__(option_strings, dest, nargs=0, help="print the version and exit")
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        from importlib import metadata
+
+        try:
+            version = metadata.version(PROG)
+        except metadata.PackageNotFoundError:
+            version = "(not installed: no package metadata)"
+        print(f"{PROG} {version}")
+        parser.exit(0)
+
 
 def build_parser() -> argparse.ArgumentParser:
     """The whole command line; imports nothing heavy (no torch, no vLLM), so ``--help``
     and every input error answer at once."""
 
     parser = _Parser(prog=PROG, description="ROCM_ATTN asm decode for vLLM on AMD Instinct GPUs.")
+    parser.add_argument("--version", action=_Version)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     plan = sub.add_parser(
         "plan",
@@ -171,6 +207,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_check_accuracy(check)
     _add_check_passkey(check)
+    from .reproduce.options import add_parser as add_reproduce
+
+    add_reproduce(sub, _documented_parser)
     return parser
 
 
@@ -260,10 +299,10 @@ def _add_bench_serve(bench) -> None:
     )
     p.add_argument(
         "--repeats",
-        type=choices.positive_int,
+        type=choices.repeats,
         default=1,
         metavar="N",
-        help="runs per arm, arms alternating (default 1)",
+        help=f"runs per arm, arms alternating (default 1, at most {choices.MAX_REPEATS})",
     )
     p.add_argument(
         "--host",
@@ -281,7 +320,13 @@ def _add_bench_serve(bench) -> None:
         help="random: 1024 in / 1024 out with --ignore-eos, the original change's run "
         "(default); sharegpt: vLLM's ShareGPT run, chat-like lengths (needs --dataset-path)",
     )
-    p.add_argument("--dataset-path", default=None, metavar="FILE", help="the ShareGPT JSON file")
+    p.add_argument(
+        "--dataset-path",
+        type=choices.nonempty,
+        default=None,
+        metavar="FILE",
+        help="the ShareGPT JSON file (a regular file)",
+    )
     p.add_argument(
         "--input-len",
         type=choices.positive_int,
@@ -308,19 +353,22 @@ def _add_bench_serve(bench) -> None:
     )
     p.add_argument(
         "--result-dir",
+        type=choices.nonempty,
         default="asm-decode-serve-results",
         help="where result files and server logs go (default asm-decode-serve-results)",
     )
     p.add_argument("--vllm", default="vllm", help="the vllm executable (default: vllm on PATH)")
     p.add_argument(
         "--health-timeout",
-        type=choices.positive_float,
+        type=choices.seconds,
         default=1800.0,
         metavar="SECONDS",
-        help="how long a server may take to answer /health (default 1800)",
+        help=f"how long a server may take to answer /health (default 1800, at most "
+        f"{choices.MAX_SECONDS})",
     )
     p.add_argument(
         "--serve-arg",
+        type=choices.nonempty,
         action="append",
         default=[],
         metavar="ARG",
@@ -333,7 +381,7 @@ def _add_bench_serve(bench) -> None:
         "--json",
         type=choices.nonempty,
         metavar="PATH",
-        help="write all runs and the summary as JSON",
+        help="write all runs and the summary as JSON (a file, written before the table is printed)",
     )
     p.add_argument(
         "--plot", type=choices.nonempty, metavar="PATH", help="write a PNG of tok/s per concurrency"
@@ -407,8 +455,8 @@ def _add_check_passkey(check) -> None:
         "--base-url",
         type=choices.http_url,
         default="http://127.0.0.1:8000",
-        help="the server's URL, with or without /v1 (default http://127.0.0.1:8000); "
-        "prompts go to <url>/v1/completions",
+        help="the server's URL, with or without /v1 (default http://127.0.0.1:8000), "
+        "without user:password@; prompts go to <url>/v1/completions",
     )
     p.add_argument(
         "--lengths",
@@ -418,23 +466,29 @@ def _add_check_passkey(check) -> None:
         help="target prompt lengths in tokens (default 3000,8000,16000,32000)",
     )
     p.add_argument(
-        "--prompts", type=choices.positive_int, default=24, help="prompts per length (default 24)"
+        "--prompts",
+        type=choices.prompts,
+        default=24,
+        help=f"prompts per length (default 24, at most {choices.MAX_PROMPTS})",
     )
     p.add_argument(
         "--in-flight",
-        type=choices.positive_int,
+        type=choices.in_flight,
         default=30,
-        help="concurrent requests (default 30)",
+        help=f"concurrent requests (default 30, at most {choices.MAX_IN_FLIGHT})",
     )
     p.add_argument(
-        "--seed", type=int, default=0, help="seed of the passkeys and their places (default 0)"
+        "--seed",
+        type=choices.integer,
+        default=0,
+        help="seed of the passkeys and their places (default 0)",
     )
     p.add_argument(
         "--timeout",
-        type=choices.positive_float,
+        type=choices.seconds,
         default=600.0,
         metavar="SECONDS",
-        help="per request (default 600)",
+        help=f"per request (default 600, at most {choices.MAX_SECONDS})",
     )
 
 
@@ -494,8 +548,12 @@ def _plan(args: argparse.Namespace) -> int:
     try:
         check_all()  # the plugin's settings, as vLLM would apply them
         # What the arguments and config.json decide, before vLLM is imported.
+        from .plan_input import check_config, check_model_path
+
+        check_model_path(args.model)
         model_dir, label = choices.resolve_model_dir(args.model)
         choices.check_model_config(model_dir, args.tensor_parallel_size)
+        check_config(model_dir, args.dtype)
         with _said_after(NOTE_AFTER, f"{PROG} plan: loading vLLM to read {label} ..."):
             from .plan import make_plan, render
 
@@ -530,15 +588,15 @@ def _bench_serve(args: argparse.Namespace) -> int:
     problem = None
     if shutil.which(args.vllm) is None:
         problem = f"--vllm {args.vllm}: no such executable (is vLLM installed and on PATH?)"
-    elif Path(args.result_dir).exists() and not Path(args.result_dir).is_dir():
-        problem = f"--result-dir {args.result_dir} is a file"
-    elif args.json and (why := _unwritable(args.json)):
+    elif why := choices.uncreatable_dir(args.result_dir):
+        problem = f"--result-dir {args.result_dir} {why}"
+    elif args.json and (why := choices.unwritable(args.json)):
         problem = f"--json {args.json}: {why}"
-    elif args.plot and (why := _unwritable(args.plot)):
+    elif args.plot and (why := choices.unwritable(args.plot)):
         problem = f"--plot {args.plot}: {why}"
     elif args.plot and find_spec("matplotlib") is None:
         problem = f"--plot {args.plot} needs matplotlib (pip install matplotlib)"
-    elif bad := _plugin_settings_problem():
+    elif bad := choices.plugin_settings_problem():
         problem = bad
     else:
         try:
@@ -565,11 +623,10 @@ def _bench_serve(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"{PROG} bench serve: error: {exc}", file=sys.stderr)
         return 2
-    outcome = sb.run_ab(cfg, log=lambda line: print(line, file=sys.stderr, flush=True))
+    outcome = sb.run_ab(cfg, log=_say)
     sb.flag_outliers(outcome.results)
     rows = sb.summarize(outcome.results, cfg.baseline)
-    if outcome.results:  # nothing measured: no table of nothing
-        print(sb.render(rows, outcome.results, cfg.baseline, cfg.model, outcome.arms))
+    # The files first: a reader of stdout that has gone away must not cost them.
     try:
         if args.json:
             data = outcome.to_json() | {"summary": [vars(r) for r in rows]}
@@ -579,10 +636,14 @@ def _bench_serve(args: argparse.Namespace) -> int:
 
             plot_serve(rows, cfg.baseline, cfg.model, args.plot)
     except OSError as exc:  # the path went away during the run
+        if outcome.results:
+            print(sb.render(rows, outcome.results, cfg.baseline, cfg.model, outcome.arms))
         print(
             f"{PROG} bench serve: error: {exc} (results kept in {cfg.result_dir})", file=sys.stderr
         )
-        return 1
+        return 130 if outcome.interrupted else 1
+    if outcome.results:  # nothing measured: no table of nothing
+        print(sb.render(rows, outcome.results, cfg.baseline, cfg.model, outcome.arms))
     if outcome.error:
         kept = (
             f"results so far kept in {cfg.result_dir}"
@@ -602,6 +663,13 @@ def _bench_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _say(line: str) -> None:
+    """A progress line of ``bench serve`` on stderr; a stderr that has gone away does
+    not stop an hour's run (its results go to files)."""
+    with contextlib.suppress(OSError):
+        print(line, file=sys.stderr, flush=True)
+
+
 def _doctor(args: argparse.Namespace) -> int:
     from .doctor import render, run
 
@@ -619,19 +687,12 @@ def _doctor(args: argparse.Namespace) -> int:
 
 
 def _port_taken(host: str, port: int) -> str | None:
-    """Why the servers could not listen on ``host:port`` (something holds it already);
-    None when they can."""
-    import socket
+    """Why the servers could not listen on ``host:port`` (something holds it already),
+    tried in the host's address family; None when they can."""
+    from .validation.serve_bench import listen_problem
 
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-        family, kind, proto, _, address = infos[0]
-        with socket.socket(family, kind, proto) as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            probe.bind(address)
-    except OSError as exc:
-        return f"--host {host!r} --port {port}: cannot listen there ({exc.strerror or exc})"
-    return None
+    why = listen_problem(host, port)
+    return None if why is None else f"--host {host!r} --port {port}: cannot listen there ({why})"
 
 
 def _missing_runtime() -> str | None:
@@ -656,37 +717,6 @@ def _settings_problem() -> str | None:
     return "; ".join(settings.problems()) or None
 
 
-def _plugin_settings_problem() -> str | None:
-    """What in this environment would stop both arms' servers, or keep the plugin out of
-    the candidate's (``bench serve`` sets ``VLLM_ROCM_ASM_DECODE`` per arm itself)."""
-    from .. import settings
-
-    bad = [p for p in settings.problems() if not p.startswith(f"{settings.SWITCH_ENV}=")]
-    if bad:
-        return "; ".join(bad)
-    if settings.left_out_by_vllm_plugins():
-        return (
-            f"VLLM_PLUGINS={os.environ['VLLM_PLUGINS']!r} leaves out {settings.ENTRY_POINT}: "
-            "no arm would run the plugin"
-        )
-    return None
-
-
-def _unwritable(path: str) -> str | None:
-    """Why a result file cannot be written at ``path`` (checked before a long run)."""
-    from pathlib import Path
-
-    target = Path(path)
-    if target.is_dir():
-        return "is a directory"
-    parent = target.parent
-    if not parent.is_dir():
-        return f"{parent} is not a directory"
-    if not os.access(parent, os.W_OK):
-        return f"{parent} is not writable"
-    return None
-
-
 def _glue_serve_args(argv: list[str]) -> list[str]:
     """``--serve-arg --enforce-eager`` as ``--serve-arg=--enforce-eager``: argparse would
     take a value that starts with ``--`` for an option of its own."""
@@ -699,46 +729,142 @@ def _glue_serve_args(argv: list[str]) -> list[str]:
     return out
 
 
+#: The subcommand being run (``["bench", "serve"]``), for a line said after it ends.
+_running: list[str] = []
+
+
+class _StdoutError(Exception):
+    """stdout cannot be written (a full disk, ``> /dev/full``)."""
+
+    def __init__(self, cause: OSError) -> None:
+        super().__init__(cause.strerror or str(cause))
+
+
+class _GuardedStdout:
+    """sys.stdout while a command runs: a write or flush that fails says it was stdout
+    that failed (:class:`_StdoutError`; a reader gone away stays BrokenPipeError)."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise _StdoutError(exc) from exc
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise _StdoutError(exc) from exc
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
 def main(argv: list[str] | None = None) -> int:
-    """The ``vllm-rocm-asm-decode`` command; Ctrl-C ends it with one line and exit 130
-    (``bench serve`` first stops its server and keeps its results)."""
+    """The ``vllm-rocm-asm-decode`` command. Ctrl-C ends it with one line and exit 130
+    (``bench serve`` first stops its server and keeps its results). A reader of stdout
+    that went away ends it quietly with :data:`EXIT_BROKEN_PIPE`; a stdout that cannot
+    be written, with one line and exit 1. argparse's own exits (``--help``, a usage
+    error) pass through as SystemExit."""
+    real = sys.stdout
+    if real is not None:  # None: started with stdout closed; print() then writes nothing
+        sys.stdout = _GuardedStdout(real)
     try:
-        return _main(argv)
+        try:
+            return _main(argv)
+        finally:  # what is still buffered goes out here, inside the handlers below
+            if sys.stdout is not None:
+                sys.stdout.flush()
     except KeyboardInterrupt:
         # On a terminal the ^C (or a loading note) ends the line first.
-        print(("\n" if sys.stderr.isatty() else "") + f"{PROG}: interrupted", file=sys.stderr)
+        _complain(("\n" if sys.stderr.isatty() else "") + f"{PROG}: interrupted")
         return 130
+    except BrokenPipeError:
+        _drop(real)
+        return EXIT_BROKEN_PIPE
+    except _StdoutError as exc:
+        _drop(real)
+        who = " ".join((PROG, *_running))
+        _complain(f"{who}: error: cannot write to stdout: {exc}")
+        return 1
+    finally:
+        sys.stdout = real
+
+
+def _drop(stream) -> None:
+    """Point ``stream``'s file at /dev/null, so that the interpreter's last flush of
+    what is still buffered does not fail again at exit."""
+    try:
+        fd = stream.fileno()
+    except (AttributeError, OSError, ValueError):  # not a file (a test's capture)
+        return
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, fd)
+    finally:
+        os.close(null)
+
+
+def _complain(line: str) -> None:
+    with contextlib.suppress(OSError):
+        print(line, file=sys.stderr)
+
+
+def _leaf_parser(parser: argparse.ArgumentParser, args: argparse.Namespace):
+    """The (sub)parser of the command ``args`` names: ``bench serve``'s for
+    ``bench serve``."""
+    current = parser
+    while True:
+        action = next(
+            (a for a in current._actions if isinstance(a, argparse._SubParsersAction)), None
+        )
+        name = None if action is None else getattr(args, action.dest, None)
+        if name is None:
+            return current
+        current = action.choices[name]
+
+
+def _name(args: argparse.Namespace) -> str:
+    """The command's words: ``plan``, ``bench serve``."""
+    if args.command in ("bench", "check"):
+        return f"{args.command} {getattr(args, args.command)}"
+    return args.command
 
 
 def _main(argv: list[str] | None) -> int:
     argv = _glue_serve_args(list(sys.argv[1:] if argv is None else argv))
-    args = build_parser().parse_args(argv)
-    # vLLM's and torch's start-up warnings would drown the answer (VLLM_LOGGING_LEVEL,
-    # when set, wins for vLLM's).
-    level = os.environ.get("VLLM_LOGGING_LEVEL", "ERROR").strip().upper()  # vLLM's reading
-    if not isinstance(logging.getLevelName(level), int):
-        print(
-            f"{PROG}: error: VLLM_LOGGING_LEVEL={os.environ['VLLM_LOGGING_LEVEL']!r} is not a "
-            "logging level (DEBUG, INFO, WARNING, ERROR, CRITICAL)",
-            file=sys.stderr,
-        )
-        return 2
-    logging.getLogger("vllm").setLevel(level)
-    logging.getLogger("torch").setLevel(logging.ERROR)
-    if args.command != "bench" or args.bench != "serve":
-        # vLLM's import logs torch deprecations that would drown the answer (a server the
-        # benchmark starts keeps its own torch logging).
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # said by the subcommand's parser, so the line names the subcommand
+        _leaf_parser(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
+    name = _name(args)
+    _running[:] = name.split()
+    if name in HEAVY:
+        # vLLM's and torch's start-up warnings would drown the answer (VLLM_LOGGING_LEVEL,
+        # when set, wins for vLLM's).
+        level = os.environ.get("VLLM_LOGGING_LEVEL", "ERROR").strip().upper()  # vLLM's reading
+        if not isinstance(logging.getLevelName(level), int):
+            print(
+                f"{PROG} {name}: error: VLLM_LOGGING_LEVEL="
+                f"{os.environ['VLLM_LOGGING_LEVEL']!r} is not a logging level (DEBUG, INFO, "
+                "WARNING, ERROR, CRITICAL)",
+                file=sys.stderr,
+            )
+            return 2
+        logging.getLogger("vllm").setLevel(level)
+        logging.getLogger("torch").setLevel(logging.ERROR)
+        # vLLM's import logs torch deprecations that would drown the answer.
         os.environ.setdefault("TORCH_LOGS", "-all")
-    heavy = args.command in ("plan", "doctor") or (
-        args.command,
-        getattr(args, "bench", None) or getattr(args, "check", None),
-    ) in (("bench", "kernel"), ("check", "accuracy"))
-    if heavy and (missing := _missing_runtime()):
-        name = " ".join(
-            filter(None, (args.command, getattr(args, "bench", None), getattr(args, "check", None)))
-        )
-        print(f"{PROG} {name}: error: {missing}", file=sys.stderr)
-        return 2
+        if missing := _missing_runtime():
+            print(f"{PROG} {name}: error: {missing}", file=sys.stderr)
+            return 2
     if args.command == "plan":
         return _plan(args)
     if args.command == "doctor":
@@ -747,26 +873,20 @@ def _main(argv: list[str] | None) -> int:
         from .upstream import main as upstream
 
         return upstream(args.directory, args.check, args.stage)
-    if args.command == "bench" and args.bench == "serve":
+    if name == "bench serve":
         return _bench_serve(args)
-    if args.command == "bench" and args.bench == "kernel":
-        for option, path in (("--json", args.json), ("--plot", args.plot)):
-            if path and (problem := _unwritable(path)):
-                print(f"{PROG} bench kernel: error: {option} {path}: {problem}", file=sys.stderr)
-                return 2
-        if problem := _settings_problem():
-            print(f"{PROG} bench kernel: error: {problem}", file=sys.stderr)
-            return 2
-        from .validation.kernel_bench import main as bench_kernel
-
-        return bench_kernel(args)
-    if args.command == "check" and args.check == "passkey":
+    if name == "bench kernel":
+        return _bench_kernel(args)
+    if name == "check passkey":
         from .validation.passkey import main as check_passkey
 
         return check_passkey(args)
-    if args.command == "check" and args.check == "accuracy":
-        if args.json and (problem := _unwritable(args.json)):
+    if name == "check accuracy":
+        if args.json and (problem := choices.unwritable(args.json)):
             print(f"{PROG} check accuracy: error: --json {args.json}: {problem}", file=sys.stderr)
+            return 2
+        if problem := choices.accuracy_memory_problem(args.heads, args.contexts):
+            print(f"{PROG} check accuracy: error: {problem}", file=sys.stderr)
             return 2
         if problem := _settings_problem():
             print(f"{PROG} check accuracy: error: {problem}", file=sys.stderr)
@@ -774,7 +894,30 @@ def _main(argv: list[str] | None) -> int:
         from .validation.accuracy import main as check_accuracy
 
         return check_accuracy(args)
+    if args.command == "reproduce":
+        from .reproduce.command import main as reproduce
+
+        return reproduce(args)
     raise AssertionError(args.command)
+
+
+def _bench_kernel(args: argparse.Namespace) -> int:
+    from .validation import kernel_bench as kb
+
+    problem = None
+    for option, path in (("--json", args.json), ("--plot", args.plot)):
+        if path and (why := choices.unwritable(path)):
+            problem = problem or f"{option} {path}: {why}"
+    if problem is None and args.skew and not kb.skew_setup(args)[3]:
+        problem = (
+            f"--skew times long sequences of up to {kb.SKEW_LONG[-1]} tokens among short "
+            f"ones: give a first --contexts value below {kb.SKEW_LONG[-1]}"
+        )
+    problem = problem or kb.memory_problem(args) or _settings_problem()
+    if problem:
+        print(f"{PROG} bench kernel: error: {problem}", file=sys.stderr)
+        return 2
+    return kb.main(args)
 
 
 if __name__ == "__main__":

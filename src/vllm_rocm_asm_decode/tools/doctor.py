@@ -1,6 +1,7 @@
 """doctor: what an operator runs before turning the plugin on.
 
-It reports the environment the plugin will trust (vLLM's version, AITER's version and
+It reports the environment the plugin will trust (the version and place of the vLLM
+Python imports, AITER's version and
 whether it carries the KV block-id fix of 0.1.17, the GPU, AITER_ASM_DIR and the kernel
 table, the .co files of the rows the plugin would pick, the switches in effect and what
 each does, and how scale tables are made on this GPU) and checks each. On a
@@ -27,8 +28,8 @@ from typing import Any
 
 from .. import settings
 from ..aiter_version import BLOCK_ID_LIMIT, FIRST_FIXED, AiterBuild, describe, installed_version
-from ..core import ASM_SKEW_HEAD_TOKENS, ASM_SKEW_RATIO
 from ..kernel_table import ULTRA_PRECISION, KernelTable
+from ..skew import ASM_SKEW_HEAD_TOKENS, ASM_SKEW_RATIO
 from .validation.selftest import Check
 
 ENTRY_POINT = settings.ENTRY_POINT
@@ -44,7 +45,9 @@ GQA_RATIOS = range(1, 9)
 
 @dataclass
 class Report:
+    #: ``vllm.__version__`` of the vLLM this Python imports, and its directory.
     vllm_version: str | None
+    vllm_path: str | None
     aiter_installed: bool
     aiter_version: str | None
     block_id_fix: bool | None
@@ -71,6 +74,17 @@ def _version(distribution: str) -> str | None:
         return metadata.version(distribution)
     except metadata.PackageNotFoundError:
         return None
+
+
+def _imported_vllm() -> tuple[str | None, str | None]:
+    """The version and directory of the vLLM this Python imports (the first on its
+    path, which need not be the installed distribution); Nones without one."""
+    try:
+        import vllm
+    except ImportError:
+        return None, None
+    where = getattr(vllm, "__file__", None)
+    return getattr(vllm, "__version__", None), None if where is None else os.path.dirname(where)
 
 
 def _effect(parse: Callable[[], Any], describe_value: Callable[[Any], str]) -> str:
@@ -112,7 +126,7 @@ def switches() -> list[dict[str, Any]]:
                 lambda on: (
                     "asm decode on (the default): large pure-decode steps run the asm kernel"
                     if on
-                    else "0: the asm decode is off; nothing else changes"
+                    else "the asm decode is off; nothing else changes"
                 ),
             ),
         )
@@ -215,18 +229,26 @@ def environment() -> Report:
         Check("settings", not bad, "; ".join(bad) or "every VLLM_ROCM_ASM_DECODE* value is valid")
     )
 
-    vllm_version = _version("vllm")
-    mismatch = vllm_mismatch(vllm_version)
-    checks.append(
-        Check(
+    vllm_version, vllm_path = _imported_vllm()
+    distribution = _version("vllm")
+    if vllm_version != distribution:  # another vLLM first on the path
+        vllm_check = Check(
             "vllm",
-            mismatch is None,
-            f"vLLM {vllm_version}: the 0.33 series, with every class, method and "
-            f"parameter the plugin extends ({len(EXTENSION_POINTS)} checked)"
-            if mismatch is None
-            else f"{mismatch}; the plugin keeps stock ROCM_ATTN",
+            False,
+            f"vLLM {vllm_version} is imported from {vllm_path}, but the installed vllm "
+            f"distribution is {distribution or 'missing'}: the plugin judges vLLM by the "
+            "distribution's version, not the code that runs; keep one vLLM on the path",
         )
-    )
+    elif (mismatch := vllm_mismatch(vllm_version)) is not None:
+        vllm_check = Check("vllm", False, f"{mismatch}; the plugin keeps stock ROCM_ATTN")
+    else:
+        vllm_check = Check(
+            "vllm",
+            True,
+            f"vLLM {vllm_version} from {vllm_path}: the 0.33 series, with every class, "
+            f"method and parameter the plugin extends ({len(EXTENSION_POINTS)} checked)",
+        )
+    checks.append(vllm_check)
     points = {ep.name: ep.value for ep in metadata.entry_points(group="vllm.general_plugins")}
     checks.append(
         Check(
@@ -239,6 +261,8 @@ def environment() -> Report:
         reason = inactive_reason()
     except settings.SettingError as exc:
         reason = str(exc)
+    if reason == f"{settings.SWITCH_ENV}=0":  # as the user wrote it (False, FALSE, ...)
+        reason = settings.switch_as_written()
     checks.append(
         Check(
             "plugin",
@@ -280,6 +304,7 @@ def environment() -> Report:
         checks.append(Check("scale-tables", True, tables[1]))
     report = Report(
         vllm_version=vllm_version,
+        vllm_path=vllm_path,
         aiter_installed=find_spec("aiter") is not None,
         aiter_version=version,
         block_id_fix=aiter.block_id_fix,
@@ -486,7 +511,8 @@ def run() -> Report:
 def render(report: Report) -> str:
     gpu = report.gpu
     lines = [
-        f"vLLM       {report.vllm_version or 'not installed'}",
+        f"vLLM       {report.vllm_version or 'not installed'}"
+        + (f" ({report.vllm_path})" if report.vllm_path else ""),
         "AITER      "
         + (
             report.aiter_version or "installed, version unknown"

@@ -24,7 +24,7 @@ from typing import Any
 
 from .. import settings
 from ..aiter_version import FIRST_FIXED, AiterBuild, describe, installed_version, safe_blocks
-from ..core import ASM_SKEW_RATIO, use_asm_decode
+from ..core import use_asm_decode
 from ..eligibility import (
     VALIDATED_CONTEXT,
     default_cut,
@@ -35,6 +35,7 @@ from ..eligibility import (
 )
 from ..kernel_table import KernelTable, fallback_table
 from ..page_span import SPAN_LIMIT
+from ..skew import ASM_SKEW_RATIO
 from .choices import (
     DEFAULT_GPU,
     DEFAULT_PRESET,
@@ -584,7 +585,7 @@ def make_plan(
             max_seq_len=1,  # vLLM captures with every sequence at one token
             seq_lens_cpu_upper_bound=None,
         )
-        return "asm" if any_eligible and use_asm_decode(step, heads, kv_heads, cut, 0) else "hip"  # type: ignore[arg-type]
+        return "asm" if any_eligible and use_asm_decode(step, heads, cut) else "hip"  # type: ignore[arg-type]
 
     def worst(num_seqs: int) -> dict[str, float]:
         """Both kernels' time on the step a graph of this size can meet at worst: one

@@ -120,7 +120,6 @@ def _executable(option: str, value: str, hint: str) -> str | None:
 def problem(args: argparse.Namespace, stored: dict | None) -> str | None:
     """The first thing wrong with these options, in one line; None when nothing is.
     ``stored``: the settings of the reproduction already in ``--out``, if any."""
-    from ..cli import _plugin_settings_problem, _uncreatable_dir
     from ..validation import serve_bench as sb
 
     settings = settings_of(args)
@@ -128,7 +127,7 @@ def problem(args: argparse.Namespace, stored: dict | None) -> str | None:
     unknown = [n for group in args.redo for n in group if n not in known]
     if unknown:
         return f"--redo {unknown[0]}: no such step here; the steps: {', '.join(known)}"
-    if why := _uncreatable_dir(args.out):
+    if why := choices.uncreatable_dir(args.out):
         return f"--out {args.out} {why}"
     if stored is not None and stored != settings.to_json():
         was = Settings(**stored).describe()
@@ -159,7 +158,7 @@ def problem(args: argparse.Namespace, stored: dict | None) -> str | None:
         why := _executable("--gpu-tools", args.gpu_tools, "give an executable")
     ):
         return why
-    if bad := _plugin_settings_problem():
+    if bad := choices.plugin_settings_problem():
         return bad
     try:
         socket.getaddrinfo(args.host, args.port)

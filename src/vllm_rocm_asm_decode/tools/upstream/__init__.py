@@ -22,23 +22,32 @@ texts are in the project's ``docs/upstream.md``).
 No copy of vLLM's files is stored here: each edit finds its place by name (a class, a
 ``def``, a statement) in the file as it is, and stops with one line naming the anchor
 when it has moved. An edit already made is left alone, so a second run changes nothing;
-a file carrying another version of an edit is refused. Writing is all or nothing.
-Trees other than vLLM 0.33.x are refused, and so is an installed ``site-packages``.
-``--check`` applies the change to a temporary copy and prints what it would change.
-Exit status: 0 written, or nothing to do; 1 ``--check`` found changes; 2 an error.
+a file carrying another version of an edit, or part of a stage, is refused, and so is a
+file of the user's where a new file goes. Writing is all or nothing, Ctrl-C included;
+a file's CRLF line endings are kept. Trees other than vLLM 0.33.x are refused, and so
+is an installed ``site-packages``. ``--check`` applies the change to a temporary copy
+and prints what it would change. Everything is written before anything is printed.
+Exit status: 0 written, or nothing to do; 1 ``--check`` found changes; 2 an error; 130
+interrupted (the message says whether the tree was written).
 """
 
 from __future__ import annotations
 
+import ast
+import atexit
 import difflib
+import functools
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType, TracebackType
 
 from .source import SPDX, Source, UpstreamError
 from .stages import (
@@ -64,6 +73,7 @@ __all__ = [
     "UpstreamError",
 ]
 
+PROG = "vllm-rocm-asm-decode upstream"
 SUPPORTED = (0, 33)
 #: The stage written when ``--stage`` is not given, and the last one there is.
 DEFAULT_STAGE = 1
@@ -91,6 +101,30 @@ def _read(path: Path) -> str:
         raise UpstreamError(f"{path} is not UTF-8 text (byte {exc.start})") from None
     except OSError as exc:
         raise UpstreamError(f"cannot read {path}: {exc.strerror or exc}") from None
+
+
+def _read_lf(path: Path) -> tuple[str, str]:
+    """A file's text with LF line endings, and its own text as it is on disk (a file
+    with CRLF endings keeps them: :func:`_as_file`). Mixed endings are refused."""
+    try:
+        raw = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UpstreamError(f"{path} is not UTF-8 text (byte {exc.start})") from None
+    except OSError as exc:
+        raise UpstreamError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if "\r" not in raw:
+        return raw, raw
+    if raw.count("\r\n") == raw.count("\r") == raw.count("\n"):
+        return raw.replace("\r\n", "\n"), raw
+    raise UpstreamError(
+        f"{path} mixes line endings (CRLF with LF or a lone CR); give it one kind "
+        "(git checkout -- the file, or dos2unix) and run again; nothing written"
+    )
+
+
+def _as_file(text: str, raw: str) -> str:
+    """``text`` (LF) with the line endings of the file whose own text is ``raw``."""
+    return text.replace("\n", "\r\n") if "\r\n" in raw else text
 
 
 def _git(root: Path, *args: str) -> str | None:
@@ -211,21 +245,86 @@ def render_kernel_test(source: str | None = None) -> str:
 def changed_files(root: Path, stage: int = DEFAULT_STAGE) -> dict[Path, str]:
     """Every file stages 1..``stage`` write, by path relative to ``root``, with its new
     text."""
-    sources: dict[Path, Source] = {}
+    return {rel: new for rel, (_, new) in _plan(root, stage).items()}
+
+
+def _plan(root: Path, stage: int) -> dict[Path, tuple[str | None, str]]:
+    """Every file stages 1..``stage`` write: its text on disk now (None when it is not
+    there) and its new text, each with the file's own line endings.
+
+    Refused, naming the file: one that carries part of a stage (some of its edits there,
+    others not: a hand edit, or a run that was stopped) and one of the user's where a new
+    file goes, unless it is exactly what this run writes."""
+    sources: dict[Path, tuple[Source, str]] = {}
     for n in range(1, stage + 1):
         for rel, edit in STAGES[n].items():
             if rel not in sources:
                 path = root / rel
                 if not path.is_file():
                     raise UpstreamError(_not_a_tree(root, rel))
-                sources[rel] = Source(rel, _read(path))
-            edit(sources[rel])
-    files = {rel: src.text for rel, src in sources.items()}
-    for n in range(1, stage + 1):
-        for rel, make in NEW_FILES.get(n, {}).items():
-            files[rel] = make(None)
-    files[KERNEL_TEST] = render_kernel_test()
+                text, raw = _read_lf(path)
+                sources[rel] = (Source(rel, text), raw)
+            src = sources[rel][0]
+            before = src.text
+            src.begin()
+            edit(src)
+            _refuse_part_of_a_stage(src, n, before)
+    files = {rel: (raw, _as_file(src.text, raw)) for rel, (src, raw) in sources.items()}
+    new_files = {
+        rel: (n, make) for n in range(1, stage + 1) for rel, make in NEW_FILES.get(n, {}).items()
+    }
+    new_files[KERNEL_TEST] = (1, lambda _: render_kernel_test())
+    for rel, (n, make) in new_files.items():
+        text, path = make(None), root / rel
+        if not path.is_file():
+            files[rel] = (None, text)
+            continue
+        there, raw = _read_lf(path)
+        if there != text:
+            raise UpstreamError(
+                f"{path} is there already and is not the file stage {n} writes; move it "
+                "aside (this run would replace it) and run again; nothing written"
+            )
+        files[rel] = (raw, raw)
     return files
+
+
+def _refuse_part_of_a_stage(src: Source, stage: int, before: str) -> None:
+    """Refuse a file that carried part of stage ``stage`` before its edits ran: some of
+    them found their text in place while others added theirs, or an edit added a name
+    the file already defined (a line of the stage left over from a hand edit)."""
+    again = f"start from vLLM's own file (git checkout -- {src.path}) and run again"
+    if src.found and src.added:
+        missing = ", ".join(dict.fromkeys(src.added))
+        raise UpstreamError(
+            f"{src.path}: carries part of stage {stage}: it lacks the edit of {missing} "
+            f"and has the rest; {again}"
+        )
+    if src.added:
+        old, new = _definitions(Source(src.path, before)), _definitions(src)
+        twice = [name for name, count in new.items() if count > max(1, old[name])]
+        if twice:
+            raise UpstreamError(
+                f"{src.path}: carries part of stage {stage}: it defines {twice[0]} already, "
+                f"which stage {stage} adds; {again}"
+            )
+
+
+def _definitions(src: Source) -> Counter[str]:
+    """How often each class, ``def`` and annotated name is defined directly in the
+    module, a class or a ``def``, by qualified name (``Class.field``)."""
+    found: Counter[str] = Counter()
+
+    def visit(body: list[ast.stmt], prefix: str) -> None:
+        for node in body:
+            if isinstance(node, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+                found[prefix + node.name] += 1
+                visit(node.body, f"{prefix}{node.name}.")
+            elif isinstance(node, ast.AnnAssign):
+                found[prefix + ast.unparse(node.target)] += 1
+
+    visit(src.tree().body, "")
+    return found
 
 
 @dataclass(frozen=True)
@@ -246,27 +345,40 @@ def diff_counts(old: str, new: str) -> tuple[int, int]:
     return added, removed
 
 
-def apply(root: Path, stage: int = DEFAULT_STAGE) -> list[FileChange]:
+def apply(
+    root: Path, stage: int = DEFAULT_STAGE, written: list[FileChange] | None = None
+) -> list[FileChange]:
     """Write stages 1..``stage`` into ``root``; returns what changed (nothing on a
-    second run).
+    second run). ``written``, when given, receives the changes the moment every file is
+    in place, so that a caller interrupted after that knows the tree was written.
 
     All or nothing: every new text is computed, then staged next to its file, then moved
-    into place; a file that cannot be written leaves every file as it was. A symlinked
-    file is replaced by a file of its own, never written through.
+    into place; a file that cannot be written, or Ctrl-C before the files are moved,
+    leaves every file as it was. Ctrl-C while they are moved (or put back) takes effect
+    once that is done. A symlinked file is replaced by a file of its own, never written
+    through.
     """
     check_tree(root)
-    files = changed_files(root, stage)
+    files = _plan(root, stage)
     for rel in files:
         _check_way(root, rel)
     changes: list[FileChange] = []
     staged: list[tuple[Path, Path, str | None]] = []  # (temp, path, old text)
     made: list[Path] = []  # directories this run created
     done = 0
+    settled = False  # every file in place, or put back: nothing more to undo
     path = root
+
+    def undo() -> None:
+        nonlocal settled
+        if not settled:
+            settled = True
+            with _HeldInterrupt():  # a second Ctrl-C does not cut it short
+                _undo(staged, done, made)
+
     try:
-        for rel, text in files.items():
+        for rel, (old, text) in files.items():
             path = root / rel
-            old = _read(path) if path.is_file() else None
             if old == text:
                 continue
             made += _make_parents(path)
@@ -277,21 +389,67 @@ def apply(root: Path, stage: int = DEFAULT_STAGE) -> list[FileChange]:
             os.close(fd)
             temp = Path(name)
             staged.append((temp, path, old))
-            temp.write_text(text, encoding="utf-8")
+            temp.write_bytes(text.encode("utf-8"))
             if old is not None:
                 shutil.copymode(path, temp)
             else:  # mkstemp's 0600 would make the new file private
                 os.chmod(temp, _new_file_mode())
             changes.append(FileChange(rel, *diff_counts(old or "", text), new=old is None))
-        for temp, path, _ in staged:
-            os.replace(temp, path)
-            done += 1
+        with _HeldInterrupt():
+            try:
+                for temp, path, _ in staged:
+                    os.replace(temp, path)
+                    done += 1
+            except BaseException:
+                undo()  # before Ctrl-C can take effect
+                raise
+            settled = True  # a Ctrl-C held back until here leaves the tree written
+            if written is not None:
+                written.extend(changes)
     except OSError as exc:
-        _undo(staged, done, made)
+        undo()
         raise UpstreamError(
             f"cannot write {path}: {exc.strerror or exc}; no file was changed"
         ) from None
+    except BaseException:  # Ctrl-C while staging: the staged files and directories go
+        undo()
+        raise
     return changes
+
+
+class _HeldInterrupt:
+    """Ctrl-C held back for the block (files moved into place, or put back): a SIGINT
+    meanwhile is delivered again, as it came, once the block is over, unless the block
+    failed. Outside the main thread, where no handler can be set, nothing is held."""
+
+    def __init__(self) -> None:
+        self.previous: signal.Handlers | object | None = None
+        self.held = False
+
+    def _hold(self, signum: int, frame: FrameType | None) -> None:
+        self.held = True
+
+    def __enter__(self) -> _HeldInterrupt:
+        try:
+            previous = signal.getsignal(signal.SIGINT)
+            if previous not in (signal.SIG_IGN, None):
+                signal.signal(signal.SIGINT, self._hold)
+                self.previous = previous
+        except ValueError:  # not the main thread
+            pass
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self.previous is None:
+            return
+        signal.signal(signal.SIGINT, self.previous)  # type: ignore[arg-type]
+        if self.held and kind is None:
+            signal.raise_signal(signal.SIGINT)
 
 
 def _new_file_mode() -> int:
@@ -331,11 +489,14 @@ def _undo(staged: list[tuple[Path, Path, str | None]], done: int, made: list[Pat
             if old is None:
                 path.unlink()
             else:
-                path.write_text(old, encoding="utf-8")
+                path.write_bytes(old.encode("utf-8"))
         except OSError:
             pass  # best effort: the error already says which file failed
     for temp, _, _ in staged:
-        temp.unlink(missing_ok=True)
+        try:
+            temp.unlink(missing_ok=True)
+        except OSError:
+            pass
     for directory in reversed(made):
         try:
             directory.rmdir()
@@ -407,27 +568,68 @@ def pr_text(stage: int) -> str:
 
 
 def main(directory: str, dry_run: bool, stage: int = DEFAULT_STAGE) -> int:
-    """0: written, or nothing to do; 1: ``--check`` found changes to make; 2: error."""
+    """0: written, or nothing to do; 1: ``--check`` found changes to make; 2: error;
+    130: interrupted. The tree is written before anything is printed: a closed stdout
+    ends the run quietly with the status of the write."""
+    _calm_exit()
     root = Path(directory)
+    written: list[FileChange] = []
+    which = "stage 1" if stage == 1 else f"stages 1-{stage}"
     try:
-        if stage not in STAGES:
-            raise UpstreamError(f"--stage {stage}: choose 1 to {LAST_STAGE}")
-        changes = check(root, stage) if dry_run else apply(root, stage)
-    except UpstreamError as exc:
-        print(f"vllm-rocm-asm-decode upstream: error: {exc}", file=sys.stderr)
-        return 2
+        try:
+            if stage not in STAGES:
+                raise UpstreamError(f"--stage {stage}: choose 1 to {LAST_STAGE}")
+            changes = check(root, stage) if dry_run else apply(root, stage, written)
+        except UpstreamError as exc:
+            print(f"{PROG}: error: {exc}", file=sys.stderr)
+            return 2
+        status = 1 if dry_run and changes else 0
+        try:
+            _report(root, stage, which, changes, dry_run)
+            sys.stdout.flush()
+        except BrokenPipeError:  # `upstream DIR | head -1`: what was written stays
+            _stdout_to_devnull()
+        return status
+    except KeyboardInterrupt:
+        if written:
+            files = "file" if len(written) == 1 else "files"
+            said = f"{root} was written: it carries {which} ({len(written)} {files} changed)"
+        else:
+            said = f"nothing was written to {root}"
+        print(
+            ("\n" if sys.stderr.isatty() else "") + f"{PROG}: interrupted; {said}", file=sys.stderr
+        )
+        return 130
+
+
+@functools.cache
+def _calm_exit() -> None:
+    """Ignore Ctrl-C once the process exits: what it says is said by then, and Python,
+    tearing down its modules, would otherwise die of the signal without a word."""
+    atexit.register(signal.signal, signal.SIGINT, signal.SIG_IGN)
+
+
+def _report(root: Path, stage: int, which: str, changes: list[FileChange], dry_run: bool) -> None:
     if not changes:
-        which = "stage 1" if stage == 1 else f"stages 1-{stage}"
         print(f"{root}: already carries {which} of this change; nothing to do")
-        return 0
+        return
     if dry_run:
         print(f"{root}: would change (nothing written):")
         print(diff_stat(changes))
-        return 1
+        return
     print(f"{root}: changed:")
     print(diff_stat(changes))
     if _git(root, "rev-parse", "--is-inside-work-tree") == "true":
         print("next: git add -A && pre-commit run --files $(git diff --cached --name-only)")
     print(f"\n--- pull-request text, stage {stage} ---")
     print(pr_text(stage), end="")
-    return 0
+
+
+def _stdout_to_devnull() -> None:
+    """Point stdout at /dev/null, so that the flush at exit does not fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # no file descriptor (a captured stdout)
+        pass

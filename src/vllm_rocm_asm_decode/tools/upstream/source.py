@@ -93,6 +93,14 @@ class Source:
         self.path = path
         self.text = text
         self._parsed: tuple[str, ast.Module] | None = None
+        #: What the edits since :meth:`begin` found in place and what they added, by
+        #: where it goes: a file that has some of a stage and lacks the rest is refused.
+        self.found: list[str] = []
+        self.added: list[str] = []
+
+    def begin(self) -> None:
+        """Start recording what one stage's edits find and add."""
+        self.found, self.added = [], []
 
     @property
     def lines(self) -> list[str]:
@@ -124,6 +132,7 @@ class Source:
         version (an older ``upstream``, or a hand edit) in ``scope`` (the module when
         None), which a rerun must not stack on."""
         if block in self.text or any(text in self.text for text in later):
+            self.found.append(where)
             return True
         scope_text = self.text if scope is None else self.segment(scope)
         if marker in scope_text:
@@ -131,6 +140,7 @@ class Source:
                 f"{self.path}: another version of this change is in {where}; "
                 f"start from vLLM's own file (git checkout -- {self.path})"
             )
+        self.added.append(where)
         return False
 
     def moved(self, anchor: str) -> UpstreamError:
@@ -219,6 +229,7 @@ class Source:
         """Add ``item`` after an argument, a default or a keyword of a one-per-line
         list, at its indentation or ``indent`` (the list's trailing comma then follows
         the new item)."""
+        self.added.append(f"`{item}`")
         lines = self.lines
         end = node.end_lineno or node.lineno
         raw = lines[end - 1].encode()
@@ -246,6 +257,7 @@ class Source:
         a new statement in its section (straight imports first, then by module)."""
         if self.has_import(module, name, alias):
             return
+        self.added.append(f"the import of {name or module}")
         top = self.top_imports()
         if name is not None:
             same = next(

@@ -167,18 +167,26 @@ def _logger(src: Source) -> ast.stmt:
 
 
 _METADATA_FIELDS = """\
-    use_asm_decode: bool = False  # pa_fwd_asm decodes this step,
-    asm_scales: dict | None = None  # for layers with (K, V) tables"""
+    use_asm_decode: bool = False  # pa_fwd_asm decodes this step
+    asm_scales: dict[torch.nn.Module, tuple] | None = None  # (K, V) tables by layer"""
 
 _BUILDER_INIT = """\
 
         self._asm_cut = 0  # set when the layers are bound, at the first build()
-        self._asm_scales: dict[torch.nn.Module, tuple] = {}  # K, V tables and scales"""
+        # Bound layers: their K and V scale tables and the scales the tables hold.
+        self._asm_scales: dict[torch.nn.Module, tuple] = {}"""
+
+_STAGE_1_CAP = """\
+            keys = list(enumerate(scales))  # K and V tables apart: (0 or 1, scale)
+            if len(tables.keys() | set(keys)) > 4:  # outside vLLM's memory budget
+                reasons.append("a fifth KV scale table")
+"""
 
 _STAGE_1_TABLES = """\
-            for s in set(scales) - tables.keys():
-                tables[s] = torch.full(shape, s, dtype=torch.float, device=self.device)
-            self._asm_scales[layer] = (tables[scales[0]], tables[scales[1]], *scales)
+            for key in set(keys) - tables.keys():
+                full = torch.full(shape, key[1], dtype=torch.float, device=self.device)
+                tables[key] = full
+            self._asm_scales[layer] = (tables[keys[0]], tables[keys[1]], *scales)
 """
 
 _STAGE_1_BIND = (
@@ -191,26 +199,35 @@ _STAGE_1_BIND = (
         layers = self.vllm_config.compilation_config.static_forward_context
         dtype, mi3xx = self.vllm_config.model_config.dtype, on_mi3xx()
         self._asm_cut = _ASM_HEADS_PER_CU * num_compute_units(self.device.index or 0)
-        tables: dict[float, torch.Tensor] = {}
+        tables: dict[tuple[int, float], torch.Tensor] = {}  # by (K 0 / V 1, scale)
         for layer in (layers[name] for name in self.layer_names):
             reasons = _asm_decode_rejections(layer.impl, layer.kv_cache, dtype, mi3xx)
+            scales = (layer._k_scale_float, layer._v_scale_float)
+"""
+    + _STAGE_1_CAP
+    + """\
             if reasons:
-                logger.debug_once("ROCM_ATTN: HIP decode for %s", ", ".join(reasons))
+                why = ", ".join(reasons)
+                logger.debug("%s keeps the HIP decode: %s", layer.layer_name, why)
                 continue
             shape = (layer.kv_cache.shape[0], layer.impl.num_kv_heads, _ASM_BLOCK_SIZE)
-            scales = (layer._k_scale_float, layer._v_scale_float)
 """
     + _STAGE_1_TABLES
     + """\
-        n = len(self._asm_scales)
-        logger.info_once("asm decode above %d query heads: %d layers", self._asm_cut, n)
+        logger.info_once(
+            "ROCM_ATTN: AITER pa_fwd_asm decodes %d of %d layers, in steps above %d "
+            "query heads",
+            len(self._asm_scales),
+            len(self.layer_names),
+            self._asm_cut,
+        )
 """
 )
 
 _STAGE_1_RELOAD = """\
 
     def _follow_asm_reload(self) -> None:
-        \"\"\"After a reload, refill in place (graphs hold them) the scale tables.\"\"\"
+        \"\"\"After a weight reload, refill the scale tables in place: graphs hold them.\"\"\"
         now = {x: (x._k_scale_float, x._v_scale_float) for x in self._asm_scales}
         wanted: dict[torch.Tensor, set[float]] = {}
         for layer, tables in self._asm_scales.items():
@@ -225,11 +242,14 @@ _STAGE_1_RELOAD = """\
             if any(len(wanted[t[i]]) > 1 and now[x][i] != t[2 + i] for i in (0, 1))
         ]
         if stale:
-            logger.error(
-                "A weight reload gave layers sharing KV scale tables different scales: "
-                "%s now decode on HIP, CUDA graphs keep the old scales; restart vLLM",
-                ", ".join(x.layer_name for x in stale),
+            names = ", ".join(x.layer_name for x in stale)
+            why = (
+                f"A weight reload moved the KV scales of {names} away from the other "
+                "layers sharing their asm scale tables"
             )
+            if self.vllm_config.compilation_config.cudagraph_mode.has_full_cudagraphs():
+                raise RuntimeError(f"{why}; restart vLLM (graphs hold the old scales)")
+            logger.error("%s: they now use the HIP decode", why)
         self._asm_scales = {
             x: (*t[:2], *now[x]) for x, t in self._asm_scales.items() if x not in stale
         }"""
@@ -248,7 +268,7 @@ _BUILD_DECIDE = """\
         ]:
             self._follow_asm_reload()
         use_asm = bool(self._asm_scales) and _use_asm_decode(
-            common_attn_metadata, self.num_heads_q, self.num_heads_kv, self._asm_cut
+            common_attn_metadata, self.num_heads_q, self._asm_cut
         )
 """
 
@@ -411,11 +431,7 @@ _SPLIT_BUILD = """\
         asm_split = None
         if self._asm_scales:
             asm_split = _split_asm_decode(
-                common_attn_metadata,
-                self.vllm_config,
-                self.num_heads_q,
-                self.num_heads_kv,
-                self._asm_cut,
+                common_attn_metadata, self.vllm_config, self.num_heads_q, self._asm_cut
             )
 """
 
@@ -454,7 +470,7 @@ _PREFILL_ONLY = """\
 
 
 def stage2_rocm_attn(src: Source) -> None:
-    add_runtime_block(src, "mixed", lambda: src.find("_asm_decode_skewed"))
+    add_runtime_block(src, "mixed", lambda: src.find("_use_asm_decode"))
 
     metadata = src.find("RocmAttentionMetadata")
     _append_to_body(src, metadata, _SPLIT_FIELD, "asm_split:", "RocmAttentionMetadata")
@@ -537,13 +553,19 @@ def stage2_paged_decode(src: Source) -> None:
 # Stage 1's binding, with the tables from the shared helper (aliased; a layer's own
 # where its scales come from the checkpoint) instead of plain ones by value. Stage 1's
 # reload check refills them as it refilled its own.
-_STAGE_1_TABLES_DECL = "        tables: dict[float, torch.Tensor] = {}\n"
-_STAGE_3_BIND = _STAGE_1_BIND.replace(_STAGE_1_TABLES_DECL, "").replace(
-    _STAGE_1_TABLES,
-    "            tables = self._asm_tables.get(layer, shape)\n"
-    "            self._asm_scales[layer] = (*tables, *scales)\n",
+_STAGE_1_TABLES_DECL = (
+    "        tables: dict[tuple[int, float], torch.Tensor] = {}  # by (K 0 / V 1, scale)\n"
 )
-assert _STAGE_1_TABLES in _STAGE_1_BIND and _STAGE_1_TABLES_DECL in _STAGE_1_BIND
+_STAGE_3_BIND = (
+    _STAGE_1_BIND.replace(_STAGE_1_TABLES_DECL, "")
+    .replace(_STAGE_1_CAP, "")
+    .replace(
+        _STAGE_1_TABLES,
+        "            tables = self._asm_tables.get(layer, shape)\n"
+        "            self._asm_scales[layer] = (*tables, *scales)\n",
+    )
+)
+assert all(t in _STAGE_1_BIND for t in (_STAGE_1_TABLES, _STAGE_1_TABLES_DECL, _STAGE_1_CAP))
 
 _TABLES_INIT = """\
         # Per-slot scale tables for AITER's asm decode, released with this builder.

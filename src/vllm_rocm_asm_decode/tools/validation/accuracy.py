@@ -31,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+from ..choices import ACCURACY_CONTEXTS, ACCURACY_LAYOUTS
 from ..testbed import fp32_attention, store_fp8_tokens
 from .gpu import rocm_gpu_problem
 from .tolerances import MAX_TOL, MEAN_TOL
@@ -38,9 +39,9 @@ from .tolerances import MAX_TOL, MEAN_TOL
 PROG = "vllm-rocm-asm-decode check accuracy"
 SHIPPED = "asm high_precision=2"
 FULL_GRID = dict(
-    layouts=[(40, 8), (32, 8), (64, 8), (32, 4)],
+    layouts=list(ACCURACY_LAYOUTS),
     seeds=[0, 1, 2],
-    contexts=[1, 15, 16, 17, 255, 1000, 4000],
+    contexts=list(ACCURACY_CONTEXTS),
     dtypes=[torch.bfloat16, torch.float16],
 )
 SMALL_GRID = dict(
@@ -237,7 +238,7 @@ def main(args: argparse.Namespace) -> int:
             SHIPPED: asm_path(aiter.pa_fwd_asm, 2, fp8),
         }
         checked = SHIPPED
-        print(f"{PROG}: real kernels on the GPU")
+        header = f"{PROG}: real kernels on the GPU"
     else:
         from ...kernel_table import fallback_table
         from ..contract_model import PagedAttentionAsmModel
@@ -246,7 +247,7 @@ def main(args: argparse.Namespace) -> int:
         grid = SMALL_GRID
         checked = "contract model (asm semantics)"
         paths = {checked: asm_path(PagedAttentionAsmModel(fallback_table("gfx950")), 2, fp8)}
-        print(
+        header = (
             f"{PROG}: contract model ({problem}): checks the cache layout and the kernel's "
             "semantics only; no precision modes, no HIP kernel"
         )
@@ -259,19 +260,13 @@ def main(args: argparse.Namespace) -> int:
         fp8,
         grid["dtypes"],
     )
-    print(render(rows))
     over = verdict(rows, checked)
-    print(
-        f"\n{checked}: "
-        + ("within tolerance" if not over else "OVER TOLERANCE: " + "; ".join(over))
-    )
     probes = []
     if problem is None:
         from . import selftest
 
         probes = [selftest.block_id_probe("cuda"), selftest.padding_probe("cuda")]
-        for check in probes:
-            print(f"{check.name}: {'ok' if check.ok else 'FAILED'}: {check.detail}")
+    # The file first, then stdout: a reader of stdout that has gone away must not cost it.
     if args.json:
         data = {"rows": [asdict(r) for r in rows], "probes": [asdict(c) for c in probes]}
         try:
@@ -281,4 +276,12 @@ def main(args: argparse.Namespace) -> int:
                 f"{PROG}: error: cannot write {args.json}: {exc.strerror or exc}", file=sys.stderr
             )
             return 1
+    print(header)
+    print(render(rows))
+    print(
+        f"\n{checked}: "
+        + ("within tolerance" if not over else "OVER TOLERANCE: " + "; ".join(over))
+    )
+    for check in probes:
+        print(f"{check.name}: {'ok' if check.ok else 'FAILED'}: {check.detail}")
     return 1 if over or not all(c.ok for c in probes) else 0

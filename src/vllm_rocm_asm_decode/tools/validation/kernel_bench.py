@@ -145,6 +145,53 @@ def grid(
     return cases
 
 
+def skew_setup(args: argparse.Namespace) -> tuple[tuple[int, int], int, int, list[int]]:
+    """``--skew``'s layout, short context, count of short sequences and long lengths."""
+    heads = (args.heads or list(SEED_SEQS))[0]
+    short = (args.contexts or (SKEW_SHORT,))[0]
+    count = (args.seqs or (SKEW_COUNT,))[0]
+    return heads, short, count, [long for long in SKEW_LONG if long > short]
+
+
+def grid_cases(args: argparse.Namespace) -> list[tuple[int, int, int, int]]:
+    """The cases of a grid or ``--sweep`` run, as :func:`grid` gives them."""
+    if args.sweep:
+        heads = (args.heads or list(SEED_SEQS))[:1]
+        contexts = (args.contexts or SEED_CONTEXTS)[:1]
+        return grid(heads, contexts, args.seqs or SWEEP_SEQS)
+    return grid(args.heads, args.contexts, args.seqs)
+
+
+def cache_bytes(kv_heads: int, contexts: Sequence[tuple[int, int]]) -> int:
+    """The fp8 KV cache (K and V) :func:`time_paths` allocates for ``(context, count)``
+    sequences: the blocks it asks the testbed for, 16 tokens of 128-wide heads each."""
+    blocks = sum(count * (context // 16 + 2) for context, count in contexts) + 8
+    return 2 * blocks * 16 * kv_heads * 128
+
+
+def memory_problem(args: argparse.Namespace) -> str | None:
+    """Why the largest case of this run would ask the GPU for more than
+    :data:`~vllm_rocm_asm_decode.tools.choices.MAX_KERNEL_CACHE_BYTES` of KV cache;
+    None when none would (judged before anything is allocated)."""
+    from ..choices import MAX_KERNEL_CACHE_BYTES, gib
+
+    if args.skew:
+        (h, kvh), short, count, longs = skew_setup(args)
+        size = max((cache_bytes(kvh, [(long, 1), (short, count)]) for long in longs), default=0)
+        what = f"{h}/{kvh} heads, one sequence of {max(longs, default=0)} among {count}"
+    else:
+        size, (h, kvh, ctx, n) = max(
+            (cache_bytes(kvh, [(ctx, n)]), (h, kvh, ctx, n)) for h, kvh, ctx, n in grid_cases(args)
+        )
+        what = f"{h}/{kvh} heads, {n} sequences of {ctx} tokens"
+    if size <= MAX_KERNEL_CACHE_BYTES:
+        return None
+    return (
+        f"the largest case ({what}) needs a KV cache of about {gib(size)}, more than the "
+        f"{gib(MAX_KERNEL_CACHE_BYTES)} allowed; give fewer --seqs or shorter --contexts"
+    )
+
+
 def crossover(timings: Sequence[Timing]) -> int | None:
     """The smallest batch from which asm is faster at every larger batch measured."""
     ordered = sorted(timings, key=lambda t: t.num_seqs)
@@ -291,53 +338,52 @@ def main(args: argparse.Namespace) -> int:
 
     register()
     if args.skew:
-        heads = (args.heads or list(SEED_SEQS))[0]
-        short = (args.contexts or (SKEW_SHORT,))[0]
-        count = (args.seqs or (SKEW_COUNT,))[0]
-        skews = [
-            measure_skew(heads, short, count, long, precision, args.iters)
-            for long in SKEW_LONG
-            if long > short
-        ]
-        from ...core import ASM_SKEW_RATIO
+        heads, short, count, longs = skew_setup(args)
+        skews = [measure_skew(heads, short, count, long, precision, args.iters) for long in longs]
+        from ...skew import ASM_SKEW_RATIO
 
+        data = {
+            "precision": args.precision,
+            "skew": [asdict(t) | {"ratio": t.ratio} for t in skews],
+            "suggested_skew": suggested_skew(skews),
+        }
+        # The file first: a reader of stdout that has gone away must not cost it.
+        if not _write_json(args.json, data):
+            return 1
         print(render_skew(skews, args.precision, ASM_SKEW_RATIO))
-        if args.json:
-            Path(args.json).write_text(
-                json.dumps(
-                    {
-                        "precision": args.precision,
-                        "skew": [asdict(t) | {"ratio": t.ratio} for t in skews],
-                        "suggested_skew": suggested_skew(skews),
-                    },
-                    indent=2,
-                )
-            )
         return 0
-    if args.sweep:
-        heads = (args.heads or list(SEED_SEQS))[:1]
-        contexts = (args.contexts or SEED_CONTEXTS)[:1]
-        cases = grid(heads, contexts, args.seqs or SWEEP_SEQS)
-    else:
-        cases = grid(args.heads, args.contexts, args.seqs)
-    timings = [measure(case, precision, args.iters) for case in cases]
+    timings = [measure(case, precision, args.iters) for case in grid_cases(args)]
     cut = resolve_cut(num_compute_units(), settings.cut_override())
-    print(render(timings, args.precision, args.sweep, cut))
-    if args.json:
-        Path(args.json).write_text(
-            json.dumps(
-                {
-                    "precision": args.precision,
-                    "cut": cut,
-                    "timings": [asdict(t) | {"ratio": t.ratio} for t in timings],
-                    "crossover_seqs": crossover(timings) if args.sweep else None,
-                    "suggested_cut": suggested_cut(timings) if args.sweep else None,
-                },
-                indent=2,
-            )
-        )
+    data = {
+        "precision": args.precision,
+        "cut": cut,
+        "timings": [asdict(t) | {"ratio": t.ratio} for t in timings],
+        "crossover_seqs": crossover(timings) if args.sweep else None,
+        "suggested_cut": suggested_cut(timings) if args.sweep else None,
+    }
+    if not _write_json(args.json, data):
+        return 1
     if args.plot:
         from .plots import plot_kernel
 
-        plot_kernel(timings, cut, args.plot)
+        try:
+            plot_kernel(timings, cut, args.plot)
+        except OSError as exc:
+            why = exc.strerror or exc
+            print(f"{PROG}: error: cannot write {args.plot}: {why}", file=sys.stderr)
+            return 1
+    print(render(timings, args.precision, args.sweep, cut))
     return 0
+
+
+def _write_json(path: str | None, data: dict) -> bool:
+    """``data`` into ``path`` when one was given; False (said in one line) when it cannot
+    be written after all."""
+    if not path:
+        return True
+    try:
+        Path(path).write_text(json.dumps(data, indent=2))
+    except OSError as exc:
+        print(f"{PROG}: error: cannot write {path}: {exc.strerror or exc}", file=sys.stderr)
+        return False
+    return True

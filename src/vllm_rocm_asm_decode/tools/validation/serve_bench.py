@@ -8,7 +8,7 @@ fp8 --max-model-len 40960 --gpu-memory-utilization 0.85``), waits for ``/health`
 mixed prefill+decode steps the plugin splits) at each concurrency with
 ``--save-result``, and stops the server. Arms alternate across repeats. The server is
 stopped on every path out (failure, crash, Ctrl-C) and the results saved so far are kept
-and reported.
+and reported; a second Ctrl-C while a server stops kills its process group at once.
 
 Each server's log is read once it is healthy to confirm the arm: the asm-decode arm must
 log the plugin's registration and its "N of M layers eligible" line with N > 0, the
@@ -19,17 +19,19 @@ as unconfirmed.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import signal
 import socket
+import stat
 import statistics
 import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -93,6 +95,7 @@ def sharegpt_problem(path: Path) -> str | None:
             if text[start : start + 1] != "[":
                 return "is not a JSON list"
             rest = text[start + 1 :].lstrip()
+            skipped = len(text) - len(rest)  # characters before the first entry
             if rest.startswith("]"):
                 return "is an empty JSON list"
             while True:
@@ -102,12 +105,39 @@ def sharegpt_problem(path: Path) -> str | None:
                 except json.JSONDecodeError as exc:
                     more = f.read(1 << 22)
                     if not more or len(rest) > 1 << 26:
-                        return f"is not JSON ({exc.msg} in its first entry)"
+                        read = text[:skipped] + rest
+                        nul = read.find("\0", 0, skipped + exc.pos + 1)
+                        if nul >= 0:  # say what the decoder stumbled on
+                            return f"has a NUL byte at byte offset {_byte_offset(read, nul)}"
+                        at = _byte_offset(read, skipped + exc.pos)
+                        why = exc.msg.removesuffix(" at")
+                        return f"is not JSON ({why} at byte offset {at}, in its first entry)"
                     rest += more
     except (OSError, UnicodeDecodeError) as exc:
         return f"cannot be read ({exc})"
     if not isinstance(first, dict) or not isinstance(first.get("conversations"), list):
         return "has no 'conversations' list in its first entry"
+    return None
+
+
+def _byte_offset(text: str, index: int) -> int:
+    """The byte offset in the UTF-8 file of character ``index`` of its ``text``."""
+    return len(text[:index].encode("utf-8", "surrogatepass"))
+
+
+def file_problem(path: Path) -> str | None:
+    """Why ``path`` is not a regular file to read, as a phrase after it; None when it
+    is one (a FIFO, a device or /dev/null is not)."""
+    try:
+        info = path.stat()
+    except FileNotFoundError:
+        return "does not exist"
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror or exc})"
+    if stat.S_ISDIR(info.st_mode):
+        return "is a directory"
+    if not stat.S_ISREG(info.st_mode):
+        return "is not a regular file (a FIFO, a device or /dev/null); give the JSON file"
     return None
 
 
@@ -140,8 +170,7 @@ class ServeConfig:
             raise ValueError(f"--dataset {self.dataset!r}: use random or sharegpt")
         if self.dataset == "sharegpt" and self.dataset_path is None:
             raise ValueError("--dataset sharegpt needs --dataset-path FILE, a ShareGPT JSON file")
-        if self.dataset == "sharegpt" and not Path(self.dataset_path).is_file():
-            what = "is a directory" if Path(self.dataset_path).is_dir() else "does not exist"
+        if self.dataset == "sharegpt" and (what := file_problem(Path(self.dataset_path))):
             raise ValueError(f"--dataset-path {self.dataset_path} {what}")
         if self.dataset != "sharegpt" and self.dataset_path is not None:
             raise ValueError(
@@ -169,13 +198,12 @@ class ServeConfig:
             raise ValueError("--repeats must be at least 1")
 
 
-def arm_order(baseline: str, repeats: int) -> list[tuple[int, str]]:
-    """(repeat, arm) in run order: baseline first, then alternating."""
-    order = []
+def arm_order(baseline: str, repeats: int) -> Iterator[tuple[int, str]]:
+    """(repeat, arm) in run order, as the run reaches them: baseline first, then
+    alternating."""
     for r in range(repeats):
-        arms = (baseline, CANDIDATE) if r % 2 == 0 else (CANDIDATE, baseline)
-        order += [(r, arm) for arm in arms]
-    return order
+        for arm in (baseline, CANDIDATE) if r % 2 == 0 else (CANDIDATE, baseline):
+            yield r, arm
 
 
 def arm_env(arm: str, base: dict[str, str] | None = None) -> dict[str, str]:
@@ -257,14 +285,27 @@ def confirm_arm(arm: str, log_text: str) -> tuple[bool, str]:
     return False, "no 'ROCM_ATTN asm decode plugin inactive' line in the log"
 
 
+def listen_problem(host: str, port: int) -> str | None:
+    """Why a server could not listen on ``host:port`` (something holds it, or the host
+    is not this machine's), in the address family of the host (IPv6 for ``::1``); None
+    when it can."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(address)
+    except (OSError, UnicodeError) as exc:  # UnicodeError: a name label over 63 bytes
+        return getattr(exc, "strerror", None) or str(exc)
+    return None
+
+
 def port_in_use(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return True
-    return False
+    return listen_problem(host, port) is not None
+
+
+def url_host(host: str) -> str:
+    """``host`` as a URL writes it (an IPv6 address in brackets)."""
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
 
 class Server:
@@ -275,17 +316,22 @@ class Server:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        if port_in_use(self.cfg.host, self.cfg.port):
-            raise ServeError(f"port {self.cfg.port} on {self.cfg.host} is already in use")
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with self.log_path.open("wb") as log:
-            self.proc = subprocess.Popen(
-                serve_command(self.cfg),
-                env=arm_env(self.arm),
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+        if why := listen_problem(self.cfg.host, self.cfg.port):
+            raise ServeError(f"cannot listen on {self.cfg.host} port {self.cfg.port}: {why}")
+        try:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            with self.log_path.open("wb") as log:
+                self.proc = subprocess.Popen(
+                    serve_command(self.cfg),
+                    env=arm_env(self.arm),
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+        except OSError as exc:
+            raise ServeError(
+                f"cannot start {self.cfg.vllm} serve (log {self.log_path}): {exc.strerror or exc}"
+            ) from None
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -297,7 +343,7 @@ class Server:
             return ""
 
     def wait_healthy(self) -> None:
-        url = f"http://{self.cfg.host}:{self.cfg.port}/health"
+        url = f"http://{url_host(self.cfg.host)}:{self.cfg.port}/health"
         deadline = time.monotonic() + self.cfg.health_timeout
         while time.monotonic() < deadline:
             if not self.alive():
@@ -318,23 +364,37 @@ class Server:
             f"(log: {self.log_path})"
         )
 
-    def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        for sig, wait in (
-            (signal.SIGINT, self.cfg.stop_timeout),
-            (signal.SIGTERM, 10.0),
-            (signal.SIGKILL, 10.0),
-        ):
+    def stop(self, note: Callable[[str], None] | None = None) -> bool:
+        """Stop the server's process group: SIGINT, then SIGTERM, then SIGKILL, each
+        given its time. A Ctrl-C while it waits skips to SIGKILL (the user wants out).
+        Whatever is left of the group once the server is gone (workers it started) is
+        killed too. Returns whether a Ctrl-C came meanwhile; never raises one."""
+        if self.proc is None:
+            return False
+        interrupted = False
+        steps = ((signal.SIGINT, self.cfg.stop_timeout), (signal.SIGTERM, 10.0))
+        steps += ((signal.SIGKILL, 10.0),)
+        step = 0
+        while step < len(steps) and self.proc.poll() is None:
+            sig, wait = steps[step]
             try:
+                if note is not None and step == 0:
+                    note(
+                        f"== stopping the {self.arm} server (Ctrl-C again kills it at once; "
+                        f"SIGTERM after {wait:g} s)"
+                    )
                 os.killpg(self.proc.pid, sig)
-            except ProcessLookupError:
-                return
-            try:
                 self.proc.wait(timeout=wait)
-                return
+            except (ProcessLookupError, PermissionError):
+                break
             except subprocess.TimeoutExpired:
-                continue
+                step += 1
+            except KeyboardInterrupt:
+                interrupted = True
+                step = len(steps) - 1
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        return interrupted
 
 
 @dataclass
@@ -499,9 +559,15 @@ def run_ab(
     bench: Callable[[list[str]], int] = run_bench_client,
     log: Callable[[str], None] = print,
 ) -> Outcome:
-    """Every arm and concurrency; stops at the first failure, keeping what was saved."""
-    cfg.result_dir.mkdir(parents=True, exist_ok=True)
+    """Every arm and concurrency; stops at the first failure, keeping what was saved.
+    The server of each arm is stopped on every path out, a Ctrl-C (even one while it
+    stops) included; it returns, never raising the Ctrl-C."""
     outcome = Outcome(results=[])
+    try:
+        cfg.result_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        outcome.error = f"cannot make --result-dir {cfg.result_dir}: {exc.strerror or exc}"
+        return outcome
     for repeat, arm in arm_order(cfg.baseline, cfg.repeats):
         server = Server(cfg, arm, cfg.result_dir / f"server-{arm}-r{repeat}.log")
         try:
@@ -523,11 +589,13 @@ def run_ab(
                 outcome.results.append(parse_result(cfg.result_dir / name, arm, repeat))
         except ServeError as exc:
             outcome.error = str(exc)
-            return outcome
         except KeyboardInterrupt:
             outcome.interrupted = True
             outcome.error = "interrupted"
-            return outcome
         finally:
-            server.stop()
+            if server.stop(log if outcome.interrupted else None):
+                outcome.interrupted = True
+                outcome.error = outcome.error or "interrupted"
+        if outcome.error is not None:
+            return outcome
     return outcome

@@ -1,0 +1,182 @@
+#!/usr/bin/env python
+# ruff: noqa: E501 (the mutants are a table: one line each)
+"""A mutation run of the runtime: each mutant is one plausible bug, made in a copy of
+``src/`` that the test suite then imports (``PYTHONPATH``); a mutant the suite fails on is
+killed, one it passes survived. Prints a table and the kill rate; exit 1 below
+``--target`` (default 95 %).
+
+    .venv/bin/python scripts/mutants.py                  # every mutant, two at a time
+    .venv/bin/python scripts/mutants.py --only skew      # mutants whose id contains it
+
+Each mutant runs the runtime's tests (``tests/unit`` and ``tests/e2e`` without the tool,
+in-tree and benchmark modules) with ``-x``, so a killed mutant stops at its first
+failure. A mutant whose text is not found exactly once is reported as stale (the code
+moved): update it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE = "src/vllm_rocm_asm_decode"
+
+#: The tests a mutant of the runtime runs against.
+TESTS = ["tests/unit", "tests/e2e"]
+IGNORED = [
+    "tests/unit/test_cli_input.py",
+    "tests/unit/test_serve_bench.py",
+    "tests/unit/test_benchmarks.py",
+    "tests/e2e/test_in_tree.py",
+    "tests/e2e/test_plan.py",
+    "tests/e2e/test_doctor.py",
+]
+
+
+@dataclass(frozen=True)
+class Mutant:
+    id: str
+    file: str  # relative to the package
+    old: str
+    new: str
+
+
+M = Mutant
+# fmt: off
+MUTANTS = [
+    # core: the rule and the per-step decision
+    M("core-gqa-9", "core.py", "ASM_MAX_GQA = 8", "ASM_MAX_GQA = 9"),
+    M("core-head-ge", "core.py", "impl.head_size == ASM_HEAD_SIZE", "impl.head_size >= ASM_HEAD_SIZE"),
+    M("core-block-any", "core.py", "block_size == ASM_BLOCK_SIZE", "block_size >= ASM_BLOCK_SIZE"),
+    M("core-kv-dtype", "core.py", 'ASM_KV_DTYPES = ("fp8", "fp8_e4m3")', 'ASM_KV_DTYPES = ("fp8", "fp8_e4m3", "fp8_e5m2")'),
+    M("core-scale-loose", "core.py", "- 1) < 1e-6", "- 1) < 1e-1"),
+    M("core-no-window", "core.py", '(impl.sliding_window == (-1, -1), "sliding window"),', ""),
+    M("core-no-alibi", "core.py", '(impl.alibi_slopes is None, "ALiBi"),', ""),
+    M("core-no-softcap", "core.py", '(not impl.logits_soft_cap, "logits soft cap"),', ""),
+    M("core-no-sinks", "core.py", '(impl.sinks is None, "attention sinks"),', ""),
+    M("core-no-dense", "core.py", '(has_native_kv_cache_layout(key_cache, value_cache), "KV pages not dense"),', ""),
+    M("core-no-arch", "core.py", '(mi3xx, "a GPU other than gfx942/gfx950"),', ""),
+    M("core-fp32-query", "core.py", "dtype in (torch.bfloat16, torch.float16)", "dtype in (torch.bfloat16, torch.float16, torch.float32)"),
+    M("core-cut-ge", "core.py", "common.num_actual_tokens * num_heads > cut", "common.num_actual_tokens * num_heads >= cut"),
+    M("core-cut-kv", "core.py", "common.max_query_len == 1\n", "common.max_query_len <= 2\n"),
+    M("core-no-pure", "core.py", "and common.num_reqs == common.num_actual_tokens\n", ""),
+    M("core-precision-1", "core.py", "ASM_PRECISION = 2", "ASM_PRECISION = 1"),
+    M("core-kv-swap", "core.py", "K_QScale=scales[0],\n        V_QScale=scales[1],", "K_QScale=scales[1],\n        V_QScale=scales[0],"),
+    M("core-stride", "core.py", "block_tables_stride0=block_table.stride(0)", "block_tables_stride0=block_table.shape[1]"),
+    M("core-heads-per-cu", "core.py", "ASM_HEADS_PER_CU = 2", "ASM_HEADS_PER_CU = 1"),
+    # skew
+    M("skew-off", "skew.py", "return skew > 0 and longest", "return skew < 0 and longest"),
+    M("skew-kv-heads", "skew.py", "total * num_kv_heads +", "total +"),
+    M("skew-all-reqs", "skew.py", "host = lens.numpy()[:num_reqs]", "host = lens.numpy()"),
+    M("skew-ratio", "skew.py", "ASM_SKEW_RATIO = 67", "ASM_SKEW_RATIO = 6"),
+    # mixed split
+    M("mixed-cut-lt", "mixed.py", "num_decodes * num_heads <= cut", "num_decodes * num_heads < cut"),
+    M("mixed-align", "mixed.py", "start = num_decodes - num_decodes % 4", "start = num_decodes"),
+    M("mixed-no-off", "mixed.py", "    if asm_split_off(vllm_config) is not None:\n        return None\n", ""),
+    M("mixed-decode-lens", "mixed.py", "decode_seq_lens=common.seq_lens[:num_decodes]", "decode_seq_lens=common.seq_lens[: num_decodes + 1]"),
+    # backend: forward's guard and build's reload path
+    M("fwd-no-k-check", "backend.py", "            or layer._k_scale_float != binding.k_scale\n", ""),
+    M("fwd-no-v-check", "backend.py", "            or layer._v_scale_float != binding.v_scale\n", ""),
+    M("fwd-no-cache-check", "backend.py", "            kv_cache is not binding.kv_cache\n            or ", "            "),
+    M("fwd-no-dtype", "backend.py", "tensors_ok=query.dtype == binding.query_dtype\n            and ", "tensors_ok="),
+    M("fwd-no-stride", "backend.py", "            and query.stride(-2) == self.head_size\n", ""),
+    M("fwd-no-contig", "backend.py", "            and output.is_contiguous(),", ","),
+    M("build-no-reload", "backend.py", "        elif bindings.tables is not None and bindings.tables.changed():", "        elif False:"),
+    M("build-no-skew", "backend.py", "        ) and not asm_decode_skewed(\n            common_attn_metadata,\n            common_attn_metadata.num_reqs,", "        ) and not 0 and asm_decode_skewed(\n            common_attn_metadata,\n            common_attn_metadata.num_reqs,"),
+    # scale tables
+    M("tables-fill-one", "asm_scale_tables.py", "        self.chunk.fill_(scale)\n", "        self.chunk.fill_(1.0)\n"),
+    M("tables-changed-k-only", "asm_scale_tables.py", "        return list(map(_K_FLOAT, self.owners)) != self._k or (\n            list(map(_V_FLOAT, self.owners)) != self._v\n        )", "        return list(map(_K_FLOAT, self.owners)) != self._k"),
+    M("tables-reload-k-only", "asm_scale_tables.py", "            if (k, v) != (self._k[i], self._v[i]):", "            if k != self._k[i]:"),
+    M("tables-reload-v-k", "asm_scale_tables.py", "                self.owned[i][1].fill(v)", "                self.owned[i][1].fill(k)"),
+    M("tables-no-readback", "asm_scale_tables.py", "if torch.stack(torch.aminmax(table)).tolist() != [stored, stored]:", "if False:"),
+    M("tables-chunk-min", "asm_scale_tables.py", "least = max(MIN_CHUNK, granularity,", "least = max(granularity,"),
+    M("tables-chunk-pow2", "asm_scale_tables.py", "chunk = 1 << (least - 1).bit_length()", "chunk = least"),
+    M("tables-share-scale", "asm_scale_tables.py", "table = self.shared.get((shape, scale, aliased))", "table = self.shared.get((shape, 1.0, aliased))"),
+    M("budget-no-free", "scale_tables.py", "ok = left is None or cost == 0 or cost <= left", "ok = True"),
+    M("budget-no-subtract", "scale_tables.py", "                left -= cost\n", "                pass\n"),
+    M("budget-fp16", "scale_tables.py", "num_blocks * num_kv_heads * block_size * 4  # fp32", "num_blocks * num_kv_heads * block_size * 2  # fp32"),
+    # AITER's version and the page span
+    M("aiter-fix-gt", "aiter_version.py", "return Version(version) >= Version(FIRST_FIXED)", "return Version(version) > Version(FIRST_FIXED)"),
+    M("aiter-old-trusted", "aiter_version.py", "if num_blocks <= limit or self.reads_high_block_ids:", "if True:"),
+    M("aiter-limit-ge", "aiter_version.py", "if num_blocks <= limit or", "if num_blocks <= limit + 1 or"),
+    M("span-reaches-gt", "page_span.py", "return span(key_cache) >= SPAN_LIMIT", "return span(key_cache) > 2 * SPAN_LIMIT"),
+    M("span-always-same", "page_span.py", "    if same:\n        return None\n", "    return None\n"),
+    M("span-no-restore", "page_span.py", "        k_bytes[touched] = saved[0]\n", "        pass\n"),
+    # eligibility guards
+    M("guard-fp16-trusted", "eligibility.py", "    if model_config.dtype == torch.float16 and not aiter.trusted:\n        reasons.append(FP16_UNPROVEN)\n    return reasons", "    return reasons"),
+    M("guard-no-file", "eligibility.py", "elif (missing := kernels.missing_file(row)) is not None:", "elif (missing := kernels.missing_file(row)) is not None and False:"),
+]
+# fmt: on
+
+
+def apply(mutant: Mutant, dest: Path) -> str | None:
+    """The mutant written into ``dest`` (a copy of ``src``); a reason when it is stale."""
+    path = dest / "vllm_rocm_asm_decode" / mutant.file
+    text = path.read_text()
+    if text.count(mutant.old) != 1:
+        return f"stale: its text occurs {text.count(mutant.old)} times in {mutant.file}"
+    path.write_text(text.replace(mutant.old, mutant.new))
+    return None
+
+
+def run(mutant: Mutant, python: str, timeout: float) -> tuple[str, float, str]:
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix=f"mutant-{mutant.id}-") as tmp:
+        src = Path(tmp) / "src"
+        shutil.copytree(REPO / "src", src, ignore=shutil.ignore_patterns("__pycache__"))
+        stale = apply(mutant, src)
+        if stale:
+            return "stale", 0.0, stale
+        env = dict(os.environ, PYTHONPATH=str(src), ASM_DECODE_TEST_GFX="gfx950")
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        cmd = [python, "-m", "pytest", "-p", "no:cacheprovider", "-x", "-q", *TESTS]
+        cmd += [f"--ignore={p}" for p in IGNORED]
+        try:
+            done = subprocess.run(
+                cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout
+            )
+        except subprocess.TimeoutExpired:
+            return "timeout", time.perf_counter() - start, ""
+    seconds = time.perf_counter() - start
+    if done.returncode == 0:
+        return "SURVIVED", seconds, ""
+    failed = [line for line in done.stdout.splitlines() if line.startswith("FAILED")]
+    return "killed", seconds, (failed[0][7:] if failed else f"exit {done.returncode}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--only", default="", help="run the mutants whose id contains this")
+    parser.add_argument("--jobs", type=int, default=2, help="mutants at a time")
+    parser.add_argument("--timeout", type=float, default=900, help="seconds per mutant")
+    parser.add_argument("--target", type=float, default=95.0, help="kill rate to reach, %%")
+    args = parser.parse_args()
+    chosen = [m for m in MUTANTS if args.only in m.id]
+    if not chosen:
+        print(f"mutants.py: no mutant id contains {args.only!r}", file=sys.stderr)
+        return 2
+    with ThreadPoolExecutor(args.jobs) as pool:
+        results = list(pool.map(lambda m: (m, *run(m, sys.executable, args.timeout)), chosen))
+    print("| mutant | file | verdict | seconds | first failing test |")
+    print("|---|---|---|---|---|")
+    for m, verdict, seconds, detail in results:
+        print(f"| {m.id} | {m.file} | {verdict} | {seconds:.0f} | {detail} |")
+    judged = [r for r in results if r[1] in ("killed", "SURVIVED", "timeout")]
+    killed = sum(r[1] in ("killed", "timeout") for r in judged)
+    stale = len(results) - len(judged)
+    rate = 100 * killed / len(judged) if judged else 0.0
+    print(f"\n{killed}/{len(judged)} killed ({rate:.1f} %), {stale} stale")
+    return 0 if rate >= args.target and not stale else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
