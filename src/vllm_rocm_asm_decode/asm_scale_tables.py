@@ -500,7 +500,9 @@ class AsmScaleTables:
         #: Once aliased, a table the driver refuses raises ``RuntimeError`` (``strict``:
         #: the caller budgeted no allocation) or is allocated, the later ones too.
         self.strict = strict
-        self.shared: dict[tuple[tuple[int, int, int], float, bool], AsmScaleTable] = {}
+        #: Tables shared by value, by (shape, 0 for K or 1 for V, scale, aliased): K's
+        #: apart from V's, so that a reload parting equal K and V scales refills both.
+        self.shared: dict[tuple, AsmScaleTable] = {}
         #: The layers that own their tables, their tables, and the scales they hold.
         self.owners: list[Any] = []
         self.owned: list[tuple[AsmScaleTable, AsmScaleTable]] = []
@@ -550,16 +552,20 @@ class AsmScaleTables:
             self._k.append(k)
             self._v.append(v)
         else:
-            tables = (self._shared(shape, k, alias), self._shared(shape, v, alias))
+            tables = (
+                self._shared(shape, 0, k, alias),
+                self._shared(shape, 1, v, alias),
+            )
         return tables[0].tensor, tables[1].tensor
 
     def _shared(
-        self, shape: tuple[int, int, int], scale: float, aliased: bool
+        self, shape: tuple[int, int, int], side: int, scale: float, aliased: bool
     ) -> AsmScaleTable:
-        table = self.shared.get((shape, scale, aliased))
+        key = (shape, side, scale, aliased)
+        table = self.shared.get(key)
         if table is None:
             table = self._make(shape, scale, aliased)
-            self.shared[(shape, scale, aliased)] = table
+            self.shared[key] = table
         return table
 
     def changed(self) -> bool:

@@ -549,13 +549,14 @@ def scale_table_keys(
 ) -> tuple[TableKey, TableKey]:
     """The tables a layer's binding will use, shaped as the kernel indexes them (K's
     block count, KV heads and block size) at the layer's final scales: its own where
-    its scales come from the checkpoint, else shared with the layers of equal scale."""
+    its scales come from the checkpoint, else shared with the layers of equal scale (K's
+    tables apart from V's)."""
     num_blocks, num_kv_heads, _, block_size, _ = split_cache(impl, kv_cache)[0].shape
     shape = (num_blocks, num_kv_heads, block_size)
     owner = layer.layer_name if checkpoint_scales(layer) else ""
     return (
-        table_key(kv_cache.device, *shape, layer._k_scale_float, owner),
-        table_key(kv_cache.device, *shape, layer._v_scale_float, owner),
+        table_key(kv_cache.device, *shape, layer._k_scale_float, f"{owner}:K"),
+        table_key(kv_cache.device, *shape, layer._v_scale_float, f"{owner}:V"),
     )
 
 

@@ -309,12 +309,12 @@ def test_equal_checkpoint_scales_still_own_their_tables(tmp_path):
     assert plan.scale_table_aliased_bytes == 12 * 2 * 1024**2
 
 
-def test_checkpoint_without_scales_and_unquantized_checkpoints_use_one(tmp_path):
+def test_checkpoint_without_scales_and_unquantized_checkpoints_use_one_k_and_one_v(tmp_path):
     none = make_plan(model=write_checkpoint(tmp_path / "a", []), gpu="mi355x")
-    assert none.kv_scales == "1.0 (none in the checkpoint)" and none.scale_tables == 1
+    assert none.kv_scales == "1.0 (none in the checkpoint)" and none.scale_tables == 2
     scales = [(0.5 + i / 64, 0.25) for i in range(6)]
     unused = make_plan(model=write_checkpoint(tmp_path / "b", scales, quantized=False))
-    assert unused.scale_tables == 1 and "no quantization_config" in unused.kv_scales
+    assert unused.scale_tables == 2 and "no quantization_config" in unused.kv_scales
 
 
 def test_plan_text_names_tables_scales_and_the_aiter_clause(tmp_path, capsys, monkeypatch):

@@ -408,9 +408,9 @@ def table_count(
                 layer.impl.num_kv_heads,
                 layer.kv_cache.shape[2],
                 scale,
-                str(i) if from_checkpoint else "",
+                (str(i) if from_checkpoint else "") + side,
             )
-            for scale in pair
+            for side, scale in zip((":K", ":V"), pair, strict=True)
         )
         for i, (layer, ok, pair) in enumerate(zip(layers, eligible, scales, strict=True))
         if ok
