@@ -124,8 +124,8 @@ def skew_override() -> int | None:
         return int(raw)
     shown = raw if len(raw) <= 40 else raw[:40] + "..."
     raise SettingError(
-        f"{SKEW_ENV}={shown!r} is not a whole number (at most 6 ASCII digits, e.g. 67; "
-        "0 turns the skew clause off); unset it for the default"
+        f"{SKEW_ENV}={shown!r}: give a whole number of at most 6 ASCII digits (e.g. "
+        "67; 0 turns the skew clause off), or unset it for the default"
     )
 
 

@@ -245,18 +245,18 @@ def rebuild(model):
     )
 
 
-def test_equal_fixed_scales_need_one_table_whatever_the_layer_count(
+def test_equal_fixed_scales_need_one_k_and_one_v_table_whatever_the_layer_count(
     tmp_path, kernels, plugin_log, device_memory
 ):
     answer, _ = device_memory
     model = harness.build_model(tmp_path, num_layers=4, num_blocks=64, scales=[(0.5, 0.5)] * 4)
     util = model.vllm_config.cache_config.gpu_memory_utilization
     answer["reserved"] = int(util * answer["total"])
-    answer["free"] = scale_tables.MEMORY_MARGIN + table_bytes(model)  # exactly one table
+    answer["free"] = scale_tables.MEMORY_MARGIN + 2 * table_bytes(model)  # exactly two tables
     model.builder.build(0, harness.make_batch(model, [40] * 20).common)
     assert all(bound(model))
     assert any(
-        "1 scale table(s) for 4 layer(s) (0 with tables of their own" in m for m in plugin_log
+        "2 scale table(s) for 4 layer(s) (0 with tables of their own" in m for m in plugin_log
     )
 
 

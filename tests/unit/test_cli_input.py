@@ -828,3 +828,39 @@ def test_the_accuracy_bound_lets_the_documented_longest_context_through():
     """--contexts up to 131072 is documented: with the default layouts it must fit."""
     assert choices.accuracy_memory_problem(None, [131072]) is None
     assert choices.accuracy_memory_problem(None, None) is None
+
+
+# --------------------------------------------------------------------------------------
+# The new-user try-out's findings of this round
+
+
+def _one_line_exit_2(argv, capsys) -> str:
+    try:
+        code = main(argv)
+    except SystemExit as exc:  # argparse's own errors
+        code = exc.code
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    return err
+
+
+def test_a_config_nested_too_deep_is_one_line(tmp_path, capsys):
+    (tmp_path / "config.json").write_text("[" * 100_000 + "]" * 100_000)
+    err = _one_line_exit_2(["plan", "--model", str(tmp_path)], capsys)
+    assert "nested too deep for JSON" in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["bench"], "required: {kernel,serve}"),
+        (["check"], "required: {accuracy,passkey}"),
+        (
+            ["check", "passkey", "--model", "m", "--base-url", "http://[::1"],
+            "is not an http(s) URL with a host (an IPv6 host goes in [ ])",
+        ),
+    ],
+    ids=["bench-alone", "check-alone", "unclosed-ipv6"],
+)
+def test_what_to_give_is_named(argv, says, capsys):
+    assert says in _one_line_exit_2(argv, capsys)

@@ -303,3 +303,30 @@ def test_input_errors_come_before_torch_or_vllm_is_imported(tmp_path):
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
+
+
+OUT_NOT_OURS = {
+    "users-files": "holds other files and no reproduction.json: give a new or empty directory",
+    "steps-a-file": "steps is not a directory this command made",
+    "dangling-link": "which does not exist",
+}
+
+
+@pytest.mark.parametrize("case", OUT_NOT_OURS, ids=OUT_NOT_OURS)
+def test_an_out_this_command_did_not_make_is_refused_and_left_alone(case, capsys, tmp_path):
+    out = tmp_path / "o"
+    if case == "users-files":
+        out.mkdir()
+        (out / "report.md").write_text("mine")
+    elif case == "steps-a-file":
+        out = _settings_file(tmp_path)
+        (out / "steps").write_text("x")
+    else:
+        out.symlink_to(tmp_path / "nowhere" / "x")
+    code = cli.main(["reproduce", "--model", "m", "--quick", "--out", str(out), *_stand_ins()])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert OUT_NOT_OURS[case] in err
+    if case == "users-files":
+        assert sorted(p.name for p in out.iterdir()) == ["report.md"]
+        assert (out / "report.md").read_text() == "mine"

@@ -121,6 +121,8 @@ def resolve_model_dir(model: str) -> tuple[Path, str]:
             raw = json.loads(data.decode("utf-8"))
         except ValueError as exc:
             raise InputError(f"cannot read {config}: {first_line(exc)}") from exc
+        except RecursionError:  # arrays or objects nested thousands deep
+            raise InputError(f"cannot read {config}: nested too deep for JSON") from None
         if not isinstance(raw, dict):
             raise InputError(f"{config} is not a JSON object")
         sections = [raw, *(v for v in raw.values() if isinstance(v, dict))]
@@ -403,7 +405,12 @@ def http_url(text: str) -> str:
 
     if any(c.isspace() or not c.isprintable() for c in text):
         raise argparse.ArgumentTypeError(f"{text!r} has spaces or control characters")
-    parts = urlsplit(text)
+    try:
+        parts = urlsplit(text)
+    except ValueError:  # an unclosed [IPv6 address
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not an http(s) URL with a host (an IPv6 host goes in [ ])"
+        ) from None
     if parts.scheme.lower() not in ("http", "https") or not parts.netloc:
         raise argparse.ArgumentTypeError(f"{text!r} is not an http(s) URL with a host")
     try:

@@ -198,12 +198,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     bench = sub.add_parser("bench", help="measure on an AMD GPU").add_subparsers(
-        dest="bench", required=True, parser_class=_Parser
+        dest="bench", required=True, parser_class=_Parser, metavar="{kernel,serve}"
     )
     _add_bench_kernel(bench)
     _add_bench_serve(bench)
     check = sub.add_parser("check", help="check numerics").add_subparsers(
-        dest="check", required=True, parser_class=_Parser
+        dest="check", required=True, parser_class=_Parser, metavar="{accuracy,passkey}"
     )
     _add_check_accuracy(check)
     _add_check_passkey(check)

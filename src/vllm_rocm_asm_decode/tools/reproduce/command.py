@@ -53,13 +53,15 @@ def summary(step: Step, record: StepRecord) -> str:
 
 def main(args: argparse.Namespace) -> int:
     store = Store(Path(args.out))
+    problem = options.out_problem(args.out)
     try:
-        stored = store.settings() if store.root.is_dir() else None
-    except (OSError, ValueError) as exc:
+        stored = store.settings() if not problem and store.root.is_dir() else None
+    except (OSError, ValueError, RecursionError) as exc:
         stored = None
-        problem = f"--out {args.out}: cannot read its reproduction.json ({exc})"
+        why = getattr(exc, "strerror", None) or "not JSON this command wrote"
+        problem = f"--out: cannot read its reproduction.json ({why})"
     else:
-        problem = options.problem(args, stored)
+        problem = problem or options.problem(args, stored)
     if problem:
         print(f"{PROG}: error: {problem}", file=sys.stderr)
         return 2
@@ -168,7 +170,8 @@ def _finish(store, settings, steps, records, stopped, interrupted) -> int:
                 f"retries them; report: {path}",
                 file=sys.stderr,
             )
-        print(path)
+    print(path)  # a reader gone away: BrokenPipeError, exit 141 (the report is written)
+    sys.stdout.flush()
     if interrupted:
         return 130
     return 1 if (failed or stopped) else 0

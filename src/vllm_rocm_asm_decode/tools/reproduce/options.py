@@ -117,6 +117,36 @@ def _executable(option: str, value: str, hint: str) -> str | None:
     return None
 
 
+#: The directories a reproduction keeps in ``--out``, beside ``reproduction.json``.
+_OWN_DIRS = ("steps", "files", "environment")
+
+
+def out_problem(out: str) -> str | None:
+    """Why ``--out`` cannot hold a reproduction, before anything in it is read: a
+    dangling link, a directory of other files (whose report.md this run would
+    overwrite), or one whose own entries are not what this command made."""
+    path = Path(out)
+    if path.is_symlink() and not path.exists():
+        return f"--out {out[:80]} is a link to {os.readlink(path)!r}, which does not exist"
+    if not path.is_dir():
+        return None
+    try:
+        entries = {entry.name: entry for entry in os.scandir(path)}
+    except OSError as exc:
+        return f"--out {out[:80]} cannot be listed: {exc.strerror or exc}"
+    if not entries:
+        return None
+    if "reproduction.json" not in entries:
+        return (
+            f"--out {out[:80]} holds other files and no reproduction.json: give a new or "
+            "empty directory (this command writes report.md and more there)"
+        )
+    for name in _OWN_DIRS:
+        if name in entries and not entries[name].is_dir(follow_symlinks=False):
+            return f"--out {out[:80]}: {name} is not a directory this command made"
+    return None
+
+
 def problem(args: argparse.Namespace, stored: dict | None) -> str | None:
     """The first thing wrong with these options, in one line; None when nothing is.
     ``stored``: the settings of the reproduction already in ``--out``, if any."""

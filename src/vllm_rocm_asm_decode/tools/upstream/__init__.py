@@ -28,7 +28,8 @@ a file's CRLF line endings are kept. Trees other than vLLM 0.33.x are refused, a
 is an installed ``site-packages``. ``--check`` applies the change to a temporary copy
 and prints what it would change. Everything is written before anything is printed.
 Exit status: 0 written, or nothing to do; 1 ``--check`` found changes; 2 an error; 130
-interrupted (the message says whether the tree was written).
+interrupted (the message says whether the tree was written); 141 the reader of stdout
+went away.
 """
 
 from __future__ import annotations
@@ -74,6 +75,8 @@ __all__ = [
 ]
 
 PROG = "vllm-rocm-asm-decode upstream"
+#: The exit status of a command whose stdout reader went away (128 + SIGPIPE).
+EXIT_BROKEN_PIPE = 141
 SUPPORTED = (0, 33)
 #: The stage written when ``--stage`` is not given, and the last one there is.
 DEFAULT_STAGE = 1
@@ -569,8 +572,8 @@ def pr_text(stage: int) -> str:
 
 def main(directory: str, dry_run: bool, stage: int = DEFAULT_STAGE) -> int:
     """0: written, or nothing to do; 1: ``--check`` found changes to make; 2: error;
-    130: interrupted. The tree is written before anything is printed: a closed stdout
-    ends the run quietly with the status of the write."""
+    130: interrupted; 141: the reader of stdout went away (quietly, once the tree is
+    written: it is written before anything is printed)."""
     _calm_exit()
     root = Path(directory)
     written: list[FileChange] = []
@@ -589,6 +592,7 @@ def main(directory: str, dry_run: bool, stage: int = DEFAULT_STAGE) -> int:
             sys.stdout.flush()
         except BrokenPipeError:  # `upstream DIR | head -1`: what was written stays
             _stdout_to_devnull()
+            return EXIT_BROKEN_PIPE
         return status
     except KeyboardInterrupt:
         if written:
