@@ -864,3 +864,10 @@ def test_a_config_nested_too_deep_is_one_line(tmp_path, capsys):
 )
 def test_what_to_give_is_named(argv, says, capsys):
     assert says in _one_line_exit_2(argv, capsys)
+
+
+def test_a_config_that_never_ends_is_one_line(tmp_path, capsys):
+    """A config.json linked to /dev/zero is read up to a bound, not whole."""
+    (tmp_path / "config.json").symlink_to("/dev/zero")
+    err = _one_line_exit_2(["plan", "--model", str(tmp_path)], capsys)
+    assert "is larger than 16 MiB: not a model's config.json" in err

@@ -95,6 +95,10 @@ def presets() -> list[str]:
     return sorted(p.name for p in PRESETS_DIR.iterdir() if (p / "config.json").is_file())
 
 
+#: The largest config.json read (real ones are a few KiB).
+MAX_CONFIG_BYTES = 16 * 2**20
+
+
 def resolve_model_dir(model: str) -> tuple[Path, str]:
     """A local directory with a ``config.json`` that names its head count, or a preset.
 
@@ -111,9 +115,15 @@ def resolve_model_dir(model: str) -> tuple[Path, str]:
     if path.is_dir():
         config = path / "config.json"
         try:
-            data = config.read_bytes()
+            with open(config, "rb") as f:
+                data = f.read(MAX_CONFIG_BYTES + 1)  # a link to /dev/zero ends here
         except OSError as exc:
             raise InputError(f"cannot read {config}: {first_line(exc)}") from exc
+        if len(data) > MAX_CONFIG_BYTES:
+            raise InputError(
+                f"{config} is larger than {MAX_CONFIG_BYTES // 2**20} MiB: not a model's "
+                "config.json"
+            )
         nul = data.find(b"\0")
         if nul >= 0:
             raise InputError(f"{config} has a NUL byte at byte offset {nul}: not JSON text")
