@@ -258,6 +258,9 @@ INPUT_ERRORS = {
         "--gpu-tools /x: no such executable",
     ),
     "timeout-zero": ([*M, "--health-timeout", "0"], "must be a finite number above 0"),
+    "out-name-too-long": ([*M, "--out", "a" * 300], "cannot be used: File name too long"),
+    "model-name-too-long": (["--model", "/" + "b" * 300], "not a model directory"),
+    "home-of-nobody": (["--model", "~nosuchuser/x"], "--model ~nosuchuser/x: not a model"),
 }
 
 

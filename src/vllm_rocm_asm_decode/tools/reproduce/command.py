@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import sys
 import time
 from pathlib import Path
@@ -55,7 +56,7 @@ def main(args: argparse.Namespace) -> int:
     store = Store(Path(args.out))
     problem = options.out_problem(args.out)
     try:
-        stored = store.settings() if not problem and store.root.is_dir() else None
+        stored = store.settings() if not problem and os.path.isdir(store.root) else None
     except (OSError, ValueError, RecursionError) as exc:
         stored = None
         why = getattr(exc, "strerror", None) or "not JSON this command wrote"

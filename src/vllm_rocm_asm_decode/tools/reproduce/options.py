@@ -126,9 +126,13 @@ def out_problem(out: str) -> str | None:
     dangling link, a directory of other files (whose report.md this run would
     overwrite), or one whose own entries are not what this command made."""
     path = Path(out)
-    if path.is_symlink() and not path.exists():
-        return f"--out {out[:80]} is a link to {os.readlink(path)!r}, which does not exist"
-    if not path.is_dir():
+    try:
+        if os.path.islink(path) and not path.exists():
+            where = os.readlink(path)
+            return f"--out {out[:80]} is a link to {where!r}, which does not exist"
+    except OSError:  # a name too long, ...: said by problem()'s check of the directory
+        return None
+    if not os.path.isdir(path):
         return None
     try:
         entries = {entry.name: entry for entry in os.scandir(path)}
@@ -165,9 +169,9 @@ def problem(args: argparse.Namespace, stored: dict | None) -> str | None:
             f"--out {args.out} holds a reproduction of {was}; rerun with those options to "
             "resume it, or give another --out"
         )
-    path = Path(args.model).expanduser()
-    if args.model.startswith((os.sep, ".", "~")) or path.exists():
-        if not (path / "config.json").is_file():
+    path = Path(os.path.expanduser(args.model))  # ~nosuchuser stays as written
+    if args.model.startswith((os.sep, ".", "~")) or os.path.exists(path):
+        if not os.path.isfile(path / "config.json"):
             return f"--model {args.model}: not a model directory with a config.json"
         try:
             choices.check_model_config(path, args.tp)
