@@ -198,7 +198,8 @@ def test_fp8_query_and_strided_tensor_calls_stay_on_stock(tmp_path, kernels, mon
     layer.impl.forward(layer, fp8_q, *args[2:])
     assert harness.asm_calls() == []
     assert [c["query"].dtype for c in stock_calls] == [torch.bfloat16, torch.float8_e4m3fn]
-    strided_out = torch.empty(out.shape[0], out.shape[1], 2 * out.shape[2])[..., : out.shape[2]]
+    strided_out = torch.empty(out.shape[0], out.shape[1], 2 * out.shape[2], dtype=out.dtype)
+    strided_out = strided_out[..., : out.shape[2]]
     layer.impl.forward(*args[:6], strided_out)  # the kernel writes out_ densely: stock
     assert harness.asm_calls() == [] and len(stock_calls) == 3
     # Heads not dense in the query (the kernel gets Q's row stride only): stock.
@@ -210,8 +211,19 @@ def test_fp8_query_and_strided_tensor_calls_stay_on_stock(tmp_path, kernels, mon
     # An output of another dtype than the query (the kernel writes the query's): stock.
     layer.impl.forward(*args[:6], torch.empty_like(out, dtype=torch.float32))
     assert harness.asm_calls() == [] and len(stock_calls) == 5
+    # A query (and output) of another dtype than the layer was bound for: stock.
+    half_q, half_out = batch.query.to(torch.float16), out.to(torch.float16)
+    layer.impl.forward(layer, half_q, *args[2:6], half_out)
+    assert harness.asm_calls() == [] and len(stock_calls) == 6
+    # A K or a V scale that moved since the binding (before any build saw it): stock.
+    for side in ("_k_scale_float", "_v_scale_float"):
+        bound = getattr(layer, side)
+        setattr(layer, side, 2 * bound)
+        layer.impl.forward(*args)
+        setattr(layer, side, bound)
+    assert harness.asm_calls() == [] and len(stock_calls) == 8
     layer.impl.forward(*args)  # the same call without any of them runs asm
-    assert len(harness.asm_calls()) == 1 and len(stock_calls) == 5
+    assert len(harness.asm_calls()) == 1 and len(stock_calls) == 8
 
 
 @harness.plugin_only

@@ -264,9 +264,23 @@ def test_step_cut_is_strictly_above():
     assert not step(16, 16)  # 512 is not above 512
     assert step(17, 17)
     assert not step(34, 17, max_query_len=2)  # not a pure decode
+    assert not step(17, 17, max_query_len=2)  # a 2-token request beside an empty row
     # More requests than rows: Model Runner V2's trailing all-padding microbatch and a
     # drafter descriptor downgraded to eager build such steps; never asm.
     assert not step(17, 18)
+
+
+def test_the_skew_clause_counts_kv_heads_and_only_the_requests_it_is_asked_about():
+    def common(lens):
+        return SimpleNamespace(max_seq_len=max(lens), seq_lens_cpu_upper_bound=torch.tensor(lens))
+
+    one_long = [8192] + [1024] * 127  # contexts sum to 138,240; 67 x 8192 = 548,864
+    assert asm_decode_skewed(common(one_long), 128, 1, 67)  # 138,240 + 19,500 below it
+    assert not asm_decode_skewed(common(one_long), 128, 8, 67)  # x 8 KV heads above it
+    # A mixed step's leading decodes: a long prefill behind them is not theirs.
+    with_prefill = [1024] * 128 + [131072]
+    assert not asm_decode_skewed(common(with_prefill), 128, 8, 67)
+    assert asm_decode_skewed(common(with_prefill), 129, 8, 67)
 
 
 def test_every_failed_clause_is_reported_not_just_the_first():
