@@ -116,7 +116,7 @@ def resumed(tmp_path_factory):
 def test_quick_run_killed_and_resumed_writes_a_complete_report(resumed):
     proc, out = resumed["proc"], resumed["out"]
     assert proc.returncode == 0, proc.stderr
-    assert resumed["seconds"] < 60
+    assert resumed["seconds"] < 300  # the bound for a --quick run; ~10 s idle
     report = (out / "report.md").read_text()
     for heading in (
         "## Claims",
