@@ -141,14 +141,10 @@ def test_a_weight_reload_refills_the_tables_the_captured_step_reads(tmp_path, ke
     assert torch.all(old_second[0] == model.layers[second]._k_scale_float)
 
 
-def test_a_reload_moving_every_layer_to_one_scale_is_followed(tmp_path, kernels, plugin_log):
-    """Layers of one scale (in stage 1, one shared K and one V table), all moved by vLLM's
-    reload to one new scale: their tables are refilled, every layer decodes on asm and
-    matches fp32 at the new scales, and no error is logged."""
-    model, checkpoint = fp8_checkpoint(tmp_path, [(0.5, 0.25)] * 3)
-    model.builder.build(0, harness.make_batch(model, [40] * 16).common)
-    checkpoint.reload([(1.5, 0.75)] * 3)
-    batch = harness.make_batch(model, [40] * 16, seed=2)
+def assert_every_layer_decodes_on_asm_at_its_scales(model, plugin_log, seed: int) -> None:
+    """The next step after a reload: every layer on asm, each matching fp32 at its
+    layer's scales now, and no error line about tables left behind."""
+    batch = harness.make_batch(model, [40] * 16, seed=seed)
     harness.fill_context(model, batch)
     metadata = model.builder.build(0, batch.common)
     for name, layer in model.layers.items():
@@ -156,8 +152,18 @@ def test_a_reload_moving_every_layer_to_one_scale_is_followed(tmp_path, kernels,
         torch.testing.assert_close(
             out.float(), harness.reference(model, batch, layer), atol=2e-2, rtol=0
         )
-    assert len(harness.asm_calls()) == 3
+    assert len(harness.asm_calls()) == len(model.layers)
     assert not any("away from the other layers" in m for m in plugin_log)
+
+
+def test_a_reload_moving_every_layer_to_one_scale_is_followed(tmp_path, kernels, plugin_log):
+    """Layers of one scale (in stage 1, one shared K and one V table), all moved by vLLM's
+    reload to one new scale: their tables are refilled, every layer decodes on asm and
+    matches fp32 at the new scales, and no error is logged."""
+    model, checkpoint = fp8_checkpoint(tmp_path, [(0.5, 0.25)] * 3)
+    model.builder.build(0, harness.make_batch(model, [40] * 16).common)
+    checkpoint.reload([(1.5, 0.75)] * 3)
+    assert_every_layer_decodes_on_asm_at_its_scales(model, plugin_log, seed=2)
 
 
 @pytest.mark.parametrize("moved", [(1.5, 0.25), (0.5, 0.75)], ids=["only-k-moves", "only-v-moves"])
@@ -241,16 +247,7 @@ def test_k_and_v_at_one_scale_reloaded_apart_under_full_graphs(tmp_path, kernels
     model.vllm_config.compilation_config.cudagraph_mode = CUDAGraphMode.FULL_AND_PIECEWISE
     model.builder.build(0, harness.make_batch(model, [40] * 16).common)
     checkpoint.reload([(0.5, 0.25)] * 2)
-    batch = harness.make_batch(model, [40] * 16, seed=4)
-    harness.fill_context(model, batch)
-    metadata = model.builder.build(0, batch.common)
-    for name, layer in model.layers.items():
-        out = harness.run_layer(model, name, batch, metadata)
-        torch.testing.assert_close(
-            out.float(), harness.reference(model, batch, layer), atol=2e-2, rtol=0
-        )
-    assert len(harness.asm_calls()) == 2
-    assert not any("away from the other layers" in m for m in plugin_log)
+    assert_every_layer_decodes_on_asm_at_its_scales(model, plugin_log, seed=4)
 
 
 @pytest.mark.skipif(not STAGE_1_CAP, reason="the cap is stage 1's (tables outside the budget)")
