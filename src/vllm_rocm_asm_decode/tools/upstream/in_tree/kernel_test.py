@@ -3,51 +3,43 @@ KV cache, through the metadata builder and forward, against fp32 and the HIP dec
 The kernel tests need a gfx942/gfx950 GPU with AITER; the rule's tests run anywhere."""
 
 import json
-from importlib.util import find_spec
 
 import pytest
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
 from vllm import config as cfg
-from vllm._aiter_ops import rocm_aiter_ops
+from vllm._aiter_ops import is_aiter_found_and_supported, rocm_aiter_ops
 from vllm.model_executor.layers.attention import Attention
 from vllm.model_executor.layers.quantization.fp8 import Fp8Config
 from vllm.model_executor.model_loader.reload import record_metadata_for_reloading
 from vllm.model_executor.model_loader.reload.inplace import reload_weights
 from vllm.model_executor.model_loader.utils import process_weights_after_loading
 from vllm.platforms import current_platform
-from vllm.v1.attention.backend import AttentionType, CommonAttentionMetadata
+from vllm.v1.attention.backend import CommonAttentionMetadata
 from vllm.v1.attention.backends.registry import AttentionBackendEnum
 from vllm.v1.attention.backends.rocm_attn import RocmAttentionImpl
 from vllm.v1.attention.ops.paged_attn import PagedAttention
 from vllm_rocm_asm_decode.core import asm_decode_rejections, use_asm_decode
 
-DEVICE, HEAD, BLOCK = "cuda", 128, 16
+DEVICE, HEAD, BLOCK, PAD = "cuda", 128, 16, 8
 CONTEXTS = [1, 15, 16, 17, 255, 1000, 4000]
 # Against fp32 on an fp8 cache (MI355X, with headroom): HIP max 0.0072; asm at
 # high_precision=2 max 0.026, mean 0.00078.
 HIP_MAX, ASM_MAX, ASM_MEAN = 0.0144, 0.039, 0.0016
-
-
-def _has_asm() -> bool:
-    if not current_platform.is_rocm() or not torch.accelerator.is_available():
-        return False
-    from vllm.platforms.rocm import on_mi3xx
-
-    return on_mi3xx() and find_spec("aiter") is not None
-
-
-requires_asm = pytest.mark.skipif(not _has_asm(), reason="needs gfx942/gfx950, AITER")
+requires_asm = pytest.mark.skipif(
+    not (is_aiter_found_and_supported() and torch.accelerator.is_available()),
+    reason="needs AITER on a gfx942/gfx950 GPU",
+)
 
 
 @pytest.fixture(autouse=True)
-def _aiter_on():
+def _aiter_on(monkeypatch):
     """The asm decode is ROCM_ATTN's with AITER on (VLLM_ROCM_USE_AITER=1)."""
-    with pytest.MonkeyPatch.context() as env:
-        env.setenv("VLLM_ROCM_USE_AITER", "1")
-        rocm_aiter_ops.refresh_env_variables()
-        yield
+    monkeypatch.setenv("VLLM_ROCM_USE_AITER", "1")
+    rocm_aiter_ops.refresh_env_variables()
+    yield
+    monkeypatch.undo()
     rocm_aiter_ops.refresh_env_variables()
 
 
@@ -57,36 +49,28 @@ class Model(torch.nn.Module):
 
     def __init__(self, path, heads, kvh, blocks, dtype=torch.bfloat16, scales=(0.5, 2)):
         super().__init__()
-        llama = {"architectures": ["LlamaForCausalLM"], "model_type": "llama"}
-        sizes = dict(hidden_size=heads * HEAD, num_attention_heads=heads, head_dim=HEAD)
-        sizes |= dict(num_key_value_heads=kvh, num_hidden_layers=1, vocab_size=1000)
-        (path / "config.json").write_text(json.dumps(llama | sizes))
+        sizes = dict(num_attention_heads=heads, num_key_value_heads=kvh, head_dim=HEAD)
+        sizes |= dict(hidden_size=heads * HEAD, num_hidden_layers=1)
+        llama = dict(architectures=["LlamaForCausalLM"], model_type="llama") | sizes
+        (path / "config.json").write_text(json.dumps(llama))
         model = cfg.ModelConfig(str(path), dtype=dtype, skip_tokenizer_init=True)
-        cache = cfg.CacheConfig(cache_dtype="fp8", block_size=BLOCK)
-        dev = torch.device(DEVICE)
+        cache, dev = cfg.CacheConfig(cache_dtype="fp8", block_size=BLOCK), DEVICE
         self.config = cfg.VllmConfig(model, cache, device_config=cfg.DeviceConfig(dev))
+        fp8 = dict(cache_config=cache, quant_config=Fp8Config(), prefix="attn")
         with cfg.set_current_vllm_config(self.config):
-            self.attn = Attention(
-                heads, HEAD, HEAD**-0.5, kvh, cache_config=cache,
-                quant_config=Fp8Config(), prefix="model.layers.0.self_attn.attn",
-            )  # fmt: skip
+            self.attn = Attention(heads, HEAD, HEAD**-0.5, kvh, **fp8)
         record_metadata_for_reloading(self)
-        self.load_weights(self.weights(scales))
-        process_weights_after_loading(self, self.config.model_config, dev)
-        self.to(dev)
+        self.load_weights(kv_scales(*scales))
+        process_weights_after_loading(self, model, torch.device(dev))
         # fp8 codes of either sign up to 2.0 (no NaN code of e4m3fn or e4m3fnuz).
-        shape = (2, blocks, BLOCK, kvh * HEAD)
-        codes = torch.randint(1, 0x41, shape, dtype=torch.uint8, device=dev)
-        codes |= torch.randint(0, 2, shape, dtype=torch.uint8, device=dev) << 7
-        self.attn.kv_cache = codes.transpose(0, 1)
+        codes = torch.randint(1, 65, (2, blocks, BLOCK, kvh * HEAD), dtype=torch.uint8)
+        codes |= torch.randint_like(codes, 0, 2) << 7
+        self.to(dev)
+        self.attn.kv_cache = codes.to(dev).transpose(0, 1)
         backend = AttentionBackendEnum.ROCM_ATTN.get_class()
         spec = backend.customize_spec(self.attn.get_kv_cache_spec(self.config))
         builder = backend.get_builder_cls()
-        self.builder = builder(spec, [self.attn.layer_name], self.config, dev)
-
-    def weights(self, scales):
-        k, v = scales
-        return [("attn.k_scale", torch.tensor(k)), ("attn.v_scale", torch.tensor(v))]
+        self.builder = builder(spec, ["attn"], self.config, torch.device(dev))
 
     def load_weights(self, weights):
         for name, tensor in weights:
@@ -100,35 +84,41 @@ class Model(torch.nn.Module):
         return out
 
     def reference(self, query, step):
-        """fp32 attention over the cache as vLLM lays it out, at the layer's scales."""
-        impl, fp8, rows = self.attn.impl, current_platform.fp8_dtype(), []
-        kvh, group = impl.num_kv_heads, impl.num_heads // impl.num_kv_heads
-        k, v = PagedAttention.split_kv_cache(
-            self.attn.kv_cache.transpose(0, 1), kvh, HEAD
+        """fp32 attention at the layer's scales over the cache as vLLM lays it out, of
+        the step's rows that have a context."""
+        kvh, fp8 = self.attn.num_kv_heads, current_platform.fp8_dtype()
+        cache = self.attn.kv_cache.transpose(0, 1).view(fp8)
+        k, v = (
+            x.float().cpu() for x in PagedAttention.split_kv_cache(cache, kvh, HEAD)
         )
-        for i, q in enumerate(query.float().cpu()):
-            n, pages = int(step.seq_lens_cpu_upper_bound[i]), step.block_table_tensor[i]
-            pages = pages[: -(-n // BLOCK)].cpu()
-            kk = k.view(fp8)[pages].float().cpu().permute(0, 3, 1, 2, 4).flatten(3)
-            vv = v.view(fp8)[pages].float().cpu().permute(0, 3, 1, 2)
-            kk = kk.reshape(-1, kvh, HEAD)[:n] * self.attn._k_scale_float
-            vv = vv.reshape(-1, kvh, HEAD)[:n] * self.attn._v_scale_float
-            s = torch.einsum("hd,thd->ht", q, kk.repeat_interleave(group, 1))
-            rows.append(torch.einsum("ht,thd->hd", (s * HEAD**-0.5).softmax(-1),
-                                     vv.repeat_interleave(group, 1)))  # fmt: skip
-        return torch.stack(rows)
+        k = k.permute(0, 3, 1, 2, 4).flatten(3) * self.attn._k_scale_float
+        v = v.permute(0, 3, 1, 2) * self.attn._v_scale_float  # [block, slot, head, d]
+        rows, lens = [], step.seq_lens_cpu_upper_bound.tolist()
+        queries = query.float().cpu().unflatten(1, (kvh, -1))
+        for q, n, pages in zip(
+            queries, lens, step.block_table_tensor.cpu(), strict=True
+        ):
+            if n:  # not a padding row
+                kk, vv = (x[pages].reshape(-1, kvh, HEAD)[:n] for x in (k, v))
+                s = torch.einsum("kgd,tkd->kgt", q, kk) * HEAD**-0.5
+                rows.append(torch.einsum("kgt,tkd->kgd", s.softmax(-1), vv))
+        return torch.stack(rows).flatten(1, 2)
+
+
+def kv_scales(k, v):  # a checkpoint's K and V scales, as its weights
+    return [("attn.k_scale", torch.tensor(k)), ("attn.v_scale", torch.tensor(v))]
 
 
 def common(seq_lens, pages, query_lens=None, device=None):
     """A step's CommonAttentionMetadata, as vLLM's runner makes it."""
     query_lens, device = query_lens or [1] * len(seq_lens), device or DEVICE
-    table = pad_sequence([torch.tensor(p, dtype=torch.int32) for p in pages], True)
     start = torch.tensor([0, *query_lens]).cumsum(0).to(torch.int32)
     lens = torch.tensor(seq_lens, dtype=torch.int32)
+    table = pad_sequence([torch.tensor(p, dtype=torch.int32) for p in pages], True)
     return CommonAttentionMetadata(
         query_start_loc=start.to(device),
         query_start_loc_cpu=start,
-        seq_lens=lens.to(device),
+        seq_lens=lens.to(device, copy=True),  # a capture fills it with 1
         seq_lens_cpu_upper_bound=lens,
         num_reqs=len(seq_lens),
         num_actual_tokens=sum(query_lens),
@@ -140,48 +130,36 @@ def common(seq_lens, pages, query_lens=None, device=None):
 
 
 def decode(tmp_path, heads=40, kvh=8, **kw):
-    """A model, and a decode step just above the cut on distinct random pages."""
+    """A model, and a decode step just above the cut on distinct random pages, then
+    PAD rows of vLLM's FULL-graph padding (length 0, on the null block)."""
     n = 2 * current_platform.num_compute_units() // heads + 1
-    seq_lens = [CONTEXTS[i % len(CONTEXTS)] for i in range(n)]
+    seq_lens = [CONTEXTS[i % len(CONTEXTS)] for i in range(n)] + [0] * PAD
     free = (torch.randperm(sum(-(-s // BLOCK) for s in seq_lens)) + 1).tolist()
+    model = Model(tmp_path, heads, kvh, len(free) + 1, **kw)
     pages = [[free.pop() for _ in range(-(-s // BLOCK))] for s in seq_lens]
-    model = Model(tmp_path, heads, kvh, sum(map(len, pages)) + 1, **kw)
-    query = torch.randn(n, heads, HEAD).to(DEVICE, model.config.model_config.dtype)
-    return model, seq_lens, pages, query
-
-
-def check(model, step, query):
-    """asm within its bounds of fp32, HIP within its own, and not the same kernel."""
-    metadata = model.builder.build(0, step)
-    assert metadata.use_asm_decode
-    ref = model.reference(query, step)
-    asm = model.run(query, metadata).float().cpu()
-    torch.testing.assert_close(asm, ref, atol=ASM_MAX, rtol=0)
-    assert (asm - ref).abs().mean() <= ASM_MEAN
-    metadata.use_asm_decode = False
-    hip = model.run(query, metadata).float().cpu()
-    torch.testing.assert_close(hip, ref, atol=HIP_MAX, rtol=0)
-    if DEVICE == "cuda":  # two kernels, two roundings (a CPU run may round alike)
-        assert not torch.equal(asm, hip), "the asm step ran the HIP decode"
+    dtype = model.config.model_config.dtype
+    query = torch.randn(n + PAD, heads, HEAD, dtype=dtype, device=DEVICE)
+    return model, common(seq_lens, pages), query
 
 
 @requires_asm
 @pytest.mark.parametrize("gqa", range(1, 9))
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 def test_every_admitted_gqa_ratio(tmp_path, gqa, dtype):
-    """At K/V scales 0.5/2: a swapped or missing scale is off by 4x."""
-    model, seq_lens, pages, query = decode(tmp_path, 8 * gqa, 8, dtype=dtype)
-    check(model, common(seq_lens, pages), query)
-
-
-@requires_asm
-def test_padded_rows_leave_the_real_rows_alone(tmp_path):
-    """vLLM pads a FULL graph's batch with rows of length 0 on the null block."""
-    model, seq_lens, pages, query = decode(tmp_path)
-    real = model.run(query, model.builder.build(0, common(seq_lens, pages)))
-    step = common(seq_lens + [0] * 8, pages + [[]] * 8)
-    out = model.run(torch.cat([query, query[:8]]), model.builder.build(0, step))
-    assert torch.equal(out[: len(query)], real) and out.isfinite().all()
+    """asm and HIP each within their bound of fp32 at K/V scales 0.5/2 (a swapped or
+    missing scale is off by 4x), not the same kernel, and finite on padding rows."""
+    model, step, query = decode(tmp_path, 8 * gqa, 8, dtype=dtype)
+    metadata = model.builder.build(0, step)
+    assert metadata.use_asm_decode
+    ref = model.reference(query, step)
+    asm = model.run(query, metadata).float().cpu()
+    torch.testing.assert_close(asm[:-PAD], ref, atol=ASM_MAX, rtol=0)
+    assert (asm[:-PAD] - ref).abs().mean() <= ASM_MEAN and asm.isfinite().all()
+    metadata.use_asm_decode = False
+    hip = model.run(query, metadata).float().cpu()
+    torch.testing.assert_close(hip[:-PAD], ref, atol=HIP_MAX, rtol=0)
+    if DEVICE == "cuda":  # two kernels, two roundings (a CPU run may round alike)
+        assert not torch.equal(asm, hip), "the asm step ran the HIP decode"
 
 
 @requires_asm
@@ -189,8 +167,7 @@ def test_pages_over_4_gib_apart_read_as_adjacent_ones(tmp_path):
     """AITER's own test (test_pa_block_id_truncation.py) reads one page per sequence."""
     model = Model(tmp_path, 64, 8, 2**32 // (8 * HEAD * BLOCK) + 2)
     end = model.attn.kv_cache.shape[0] - 1
-    far = [page for i in range(16) for page in (1 + i, end - i)]
-    near = list(range(17, 49))
+    far, near = [p for i in range(16) for p in (1 + i, end - i)], list(range(17, 49))
     for plane in model.attn.kv_cache.unbind(1):  # the same content on adjacent pages
         plane[near] = plane[far]
     n = 2 * (current_platform.num_compute_units() // 64 + 1)  # above the cut
@@ -206,8 +183,7 @@ def test_a_captured_graph_replays_asm_and_follows_a_weight_reload(tmp_path):
     """Captured through build_for_cudagraph_capture, as vLLM's runner captures; vLLM's
     weight reload between replays (the next build refills the tables in place). K and
     V start equal and then differ: each has its own table."""
-    model, seq_lens, pages, query = decode(tmp_path, scales=(1, 1))
-    step = common(seq_lens, pages)
+    model, step, query = decode(tmp_path, scales=(1, 1))
     metadata = model.builder.build_for_cudagraph_capture(step)
     assert metadata.use_asm_decode
     metadata.seq_lens.copy_(step.seq_lens_cpu_upper_bound)  # the capture set them to 1
@@ -216,62 +192,57 @@ def test_a_captured_graph_replays_asm_and_follows_a_weight_reload(tmp_path):
     with torch.cuda.graph(graph):
         model.run(query, metadata, out)
     for scales in ((1, 0.5), (0.25, 4)):
-        reload_weights(model.config, model, model.weights(scales), None, True)
+        reload_weights(model.config, model, kv_scales(*scales), None, True)
         model.builder.build(0, step)
         graph.replay()
         ref = model.reference(query, step)
-        torch.testing.assert_close(out.float().cpu(), ref, atol=ASM_MAX, rtol=0)
+        torch.testing.assert_close(out[:-PAD].float().cpu(), ref, atol=ASM_MAX, rtol=0)
 
 
-def rule_case(heads=40, kvh=8, head=HEAD, block=BLOCK, cache="fp8", lbhnc=False, **kw):
-    """vLLM's impl and its bound KV cache view (meta tensors: shapes and strides)."""
-    args = dict(scale=HEAD**-0.5, alibi_slopes=None, sliding_window=None) | kw
-    impl = RocmAttentionImpl(
-        heads, head, num_kv_heads=kvh, kv_cache_dtype=cache, **args
-    )
-    groups = torch.empty(2, 4, block, kvh * head, dtype=torch.uint8, device="meta")
-    return impl, (groups.view(4, 2, block, -1) if lbhnc else groups.transpose(0, 1))
+def rule(head=HEAD, block=BLOCK, lbhnc=False, dtype=torch.bfloat16, mi3xx=True, **kw):
+    """The rule on vLLM's impl and a bound KV cache view (meta tensors)."""
+    kw = dict(num_heads=40, num_kv_heads=8, scale=HEAD**-0.5, kv_cache_dtype="fp8") | kw
+    kw = dict(alibi_slopes=None, sliding_window=None) | kw
+    impl = RocmAttentionImpl(head_size=head, **kw)
+    pages = torch.empty(2, 4, block, impl.num_kv_heads * head, dtype=torch.uint8)
+    kv_cache = pages.view(4, 2, block, -1) if lbhnc else pages.transpose(0, 1)
+    return asm_decode_rejections(impl, kv_cache.to("meta"), dtype, mi3xx)
 
 
-REFUSED = {
-    "gqa-9": (dict(heads=72), "GQA 9"),
-    "head-256": (dict(head=256, heads=16), "head size 256"),
-    "block-32": (dict(block=32), "block size 32"),
-    "fp8-e5m2": (dict(cache="fp8_e5m2"), "fp8_e5m2 KV cache"),
-    "bf16-cache": (dict(cache="auto"), "auto KV cache"),
-    "lbhnc": (dict(lbhnc=True), "KV pages not dense"),
-    "scale": (dict(scale=256**-0.5), "softmax scale 0.0625 != 1/sqrt(128)"),
-    "window": (dict(sliding_window=4096), "sliding window"),
-    "alibi": (dict(alibi_slopes=[0.5] * 40), "ALiBi"),
-    "soft-cap": (dict(logits_soft_cap=30.0), "logits soft cap"),
-    "sinks": (dict(sinks=torch.zeros(40)), "attention sinks"),
-    "encoder": (
-        dict(attn_type=AttentionType.ENCODER_ONLY),
-        "not decoder self-attention",
-    ),
+RULE = {
+    "bf16": ({}, []),
+    "fp16": (dict(dtype=torch.float16), []),
+    "fp32": (dict(dtype=torch.float32), ["torch.float32 query"]),
+    "gfx90a": (dict(mi3xx=False), ["a GPU other than gfx942/gfx950"]),
+    "gqa-9": (dict(num_heads=72), ["GQA 9"]),
+    "head-256": (dict(head=256, num_heads=16), ["head size 256"]),
+    "block-32": (dict(block=32), ["block size 32"]),
+    "fp8-e5m2": (dict(kv_cache_dtype="fp8_e5m2"), ["fp8_e5m2 KV cache"]),
+    "bf16-cache": (dict(kv_cache_dtype="auto"), ["auto KV cache"]),
+    "lbhnc": (dict(lbhnc=True), ["KV pages not dense"]),
+    "scale": (dict(scale=256**-0.5), ["softmax scale 0.0625 != 1/sqrt(128)"]),
+    "window": (dict(sliding_window=4096), ["sliding window"]),
+    "alibi": (dict(alibi_slopes=[0.5] * 40), ["ALiBi"]),
+    "soft-cap": (dict(logits_soft_cap=30.0), ["logits soft cap"]),
+    "sinks": (dict(sinks=torch.zeros(40)), ["attention sinks"]),
+    "encoder": (dict(attn_type="encoder_only"), ["not decoder self-attention"]),
 }
 
 
-@pytest.mark.parametrize(("case", "reason"), REFUSED.values(), ids=REFUSED)
-def test_the_rule_refuses_what_the_kernel_cannot_serve(case, reason):
-    assert asm_decode_rejections(*rule_case(**case), torch.bfloat16, True) == [reason]
+@pytest.mark.parametrize(("case", "reasons"), RULE.values(), ids=RULE)
+def test_the_rule(case, reasons):
+    assert rule(**case) == reasons
 
 
-def test_the_rule_admits_fp16_and_needs_gfx942_or_gfx950():
-    assert asm_decode_rejections(*rule_case(), torch.float16, True) == []
-    refused = asm_decode_rejections(*rule_case(), torch.float32, False)
-    assert refused == ["a GPU other than gfx942/gfx950", "torch.float32 query"]
-
-
-STEPS = {
-    "above-cut": ([1024] * 13, None, True),  # 13 x 40 = 520 query heads > 512
-    "at-cut": ([1024] * 12, None, False),
-    "prefill": ([1024] * 13, [1] * 12 + [2], False),
-    "padding-rows": ([1024] * 13, [1] * 12 + [0], False),  # more requests than tokens
+STEPS = {  # 40 query heads a request, a cut of 512 query heads
+    "above-cut": ([1] * 13, True),
+    "at-cut": ([1] * 12, False),
+    "prefill": ([1] * 12 + [2], False),
+    "padding-row": ([1] * 12 + [0], False),  # more requests than tokens
 }
 
 
-@pytest.mark.parametrize(("seq_lens", "query_lens", "asm"), STEPS.values(), ids=STEPS)
-def test_the_step_decision(seq_lens, query_lens, asm):
-    step = common(seq_lens, [[1]] * len(seq_lens), query_lens, device="cpu")
+@pytest.mark.parametrize(("query_lens", "asm"), STEPS.values(), ids=STEPS)
+def test_the_step_decision(query_lens, asm):
+    step = common([1024] * len(query_lens), [[1]] * len(query_lens), query_lens, "cpu")
     assert use_asm_decode(step, 40, 512) is asm
