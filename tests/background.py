@@ -32,7 +32,11 @@ from typing import Any
 #: process share the machine's cores instead of oversubscribing them.
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
-_POOL = ThreadPoolExecutor(max_workers=2, thread_name_prefix="background-check")
+#: Checks run at once: two beside pytest's own process for a whole run, where the checks
+#: are most of the work; one for ``-m "not slow"`` (see :func:`set_workers`), where
+#: pytest's process is and the checks would only slow it down.
+_WORKERS = 2
+_POOL: ThreadPoolExecutor | None = None
 
 
 @dataclass(frozen=True)
@@ -41,6 +45,7 @@ class _Check:
     tests: frozenset[str]
     run: Callable[[dict[str, str]], Any]
     seconds: float
+    slow: bool
 
 
 _DECLARED: dict[str, _Check] = {}
@@ -55,23 +60,41 @@ def declare(
     tests: Iterable[str],
     run: Callable[[dict[str, str]], Any],
     seconds: float,
+    slow: bool = False,
 ) -> None:
-    """A check that the named test functions of ``module_file`` need. ``run(env)`` does it
+    """A check that the named test functions of ``module_file`` need (a name with a
+    parameter id, ``test_x[id]``, names that one case only). ``run(env)`` does it
     and returns its result (a failed check is a result the test asserts on; an exception
-    is re-raised in the test). ``seconds``, about how long it takes, orders the start."""
+    is re-raised in the test). ``seconds``, about how long it takes, orders the start.
+    ``slow``: its tests are marked ``slow`` (a run of ``-m "not slow"`` never starts it)."""
     module = Path(module_file).resolve()
     source = module.read_text()
-    unknown = [t for t in tests if f"def {t}(" not in source]
+    unknown = [t for t in tests if f"def {t.split('[')[0]}(" not in source]
     if unknown:  # a renamed test would silently never get its check
         raise ValueError(f"{module.name} has no test {', '.join(unknown)} for check {name}")
-    _DECLARED[name] = _Check(module, frozenset(tests), run, seconds)
+    _DECLARED[name] = _Check(module, frozenset(tests), run, seconds, slow)
 
 
-def waits(module_file: str | Path, test: str) -> bool:
-    """Whether the test waits for a check (such tests run last, so that the in-process
-    tests keep the main thread busy while the checks run)."""
+def set_workers(count: int) -> None:
+    """How many checks run at once; before any starts."""
+    global _WORKERS
+    assert _POOL is None, "checks have started"
+    _WORKERS = count
+
+
+def _pool() -> ThreadPoolExecutor:
+    global _POOL
+    if _POOL is None:
+        _POOL = ThreadPoolExecutor(max_workers=_WORKERS, thread_name_prefix="background-check")
+    return _POOL
+
+
+def waits(module_file: str | Path, *names: str) -> bool:
+    """Whether the test (its function name, or its name with a parameter id) waits for
+    a check (such tests run last, so that the in-process tests keep the main thread busy
+    while the checks run)."""
     module = Path(module_file).resolve()
-    return any(c.module == module and test in c.tests for c in _DECLARED.values())
+    return any(c.module == module and c.tests & set(names) for c in _DECLARED.values())
 
 
 def _start(needed: Callable[[_Check], bool]) -> None:
@@ -81,28 +104,34 @@ def _start(needed: Callable[[_Check], bool]) -> None:
     _ENV = dict(os.environ)
     for name, check in sorted(_DECLARED.items(), key=lambda kv: -kv[1].seconds):
         if name not in _STARTED and needed(check):
-            _STARTED[name] = _POOL.submit(check.run, dict(_ENV))
+            _STARTED[name] = _pool().submit(check.run, dict(_ENV))
 
 
 def start_for(selected: Iterable[tuple[Path, str]]) -> None:
-    """Start every check a selected ``(module, test function)`` needs."""
+    """Start every check a selected ``(module, test function or test name)`` needs."""
     wanted = set(selected)
     _start(lambda check: any((check.module, t) in wanted for t in check.tests))
 
 
-def start_early(paths: Iterable[Path]) -> None:
+def start_early(paths: Iterable[Path], slow: bool = True) -> None:
     """Start, before the session collects, every check whose test module lies under one
     of ``paths``. Only for a run that selects every test of the files it names (no -k,
     -m, --deselect, node ids...): then a check's tests are sure to run, and it gets the
-    seconds collection takes (vLLM's import) on a core that would sit idle."""
+    seconds collection takes (vLLM's import) on a core that would sit idle. ``slow``
+    False: the run leaves out the tests marked slow, and so their checks."""
     roots = [p.resolve() for p in paths]
-    _start(lambda check: any(check.module == r or r in check.module.parents for r in roots))
+    _start(
+        lambda check: (
+            (slow or not check.slow)
+            and any(check.module == r or r in check.module.parents for r in roots)
+        )
+    )
 
 
 def result(name: str) -> Any:
     """The check's result, waiting for it (and starting it, if nothing did yet)."""
     if name not in _STARTED:
-        _STARTED[name] = _POOL.submit(_DECLARED[name].run, dict(_ENV or os.environ))
+        _STARTED[name] = _pool().submit(_DECLARED[name].run, dict(_ENV or os.environ))
     return _STARTED[name].result()
 
 
@@ -239,7 +268,8 @@ def _zygote() -> _Zygote:
 
 def shutdown() -> None:
     """End of the session: drop checks not started, kill the running ones."""
-    _POOL.shutdown(wait=False, cancel_futures=True)
+    if _POOL is not None:
+        _POOL.shutdown(wait=False, cancel_futures=True)
     for proc in list(_RUNNING):
         _kill(proc)
     if _ZYGOTE is not None:

@@ -45,22 +45,28 @@ _NARROWING = (
 
 def pytest_sessionstart(session):
     """A run of whole files or directories starts the checks declared before collection
-    (the in-tree sessions: see ``background.start_early``)."""
+    (the in-tree sessions: see ``background.start_early``); under ``-m "not slow"``,
+    those of the tests not marked slow."""
     config = session.config
     if REAL_ROCM or os.environ.get("ASM_DECODE_TEST_FORM") == "in-tree":
         return
-    if any(getattr(config.option, name, None) for name in _NARROWING):
+    quick = config.option.markexpr == "not slow"  # plain scripts/test
+    if quick:
+        background.set_workers(1)
+    narrowing = [n for n in _NARROWING if not (quick and n == "markexpr")]
+    if any(getattr(config.option, name, None) for name in narrowing):
         return
     if any("::" in arg for arg in config.args):
         return
-    background.start_early(Path(config.invocation_params.dir, arg) for arg in config.args)
+    paths = (Path(config.invocation_params.dir, arg) for arg in config.args)
+    background.start_early(paths, slow=not quick)
 
 
 def pytest_collection_modifyitems(session, config, items):
     """Tests that wait for a subprocess check run last (stable order otherwise)."""
     items.sort(
         key=lambda item: background.waits(
-            Path(str(item.fspath)), getattr(item, "originalname", item.name)
+            Path(str(item.fspath)), item.name, getattr(item, "originalname", item.name)
         )
     )
 
@@ -69,8 +75,9 @@ def pytest_collection_finish(session):
     """Start the subprocess checks of the selected tests (see ``background``): by now
     -k, -m, --deselect and --lf have dropped their items."""
     background.start_for(
-        (Path(str(item.fspath)).resolve(), getattr(item, "originalname", item.name))
+        (Path(str(item.fspath)).resolve(), name)
         for item in session.items
+        for name in (item.name, getattr(item, "originalname", item.name))
     )
 
 

@@ -138,7 +138,8 @@ for _stage in STAGES:
     background.declare(
         f"in-tree-stage-{_stage}",
         E2E / "test_in_tree.py",
-        ["test_in_tree_suite"],
+        [f"test_in_tree_suite[stage-{_stage}]"],
         lambda env, stage=_stage: run_suite(env, stage),
         45,
+        slow=_stage > 1,
     )

@@ -30,7 +30,11 @@ STAGES = in_tree.STAGES
 
 
 @pytest.mark.skipif(harness.IN_TREE, reason="runs the in-tree sessions itself")
-@pytest.mark.parametrize("stage", STAGES, ids=[f"stage-{n}" for n in STAGES])
+@pytest.mark.parametrize(
+    "stage",
+    [pytest.param(n, marks=[pytest.mark.slow] if n > 1 else []) for n in STAGES],
+    ids=[f"stage-{n}" for n in STAGES],
+)
 def test_in_tree_suite(stage):
     """``upstream --stage N`` applies to a copy of the installed vLLM, a second run
     changes nothing, and the e2e suite passes on the patched vLLM without the plugin, on

@@ -377,9 +377,11 @@ background.declare(
     ["test_vllms_real_prefill_kernel_on_the_split_views_matches_the_stock_call"],
     _interpreted,
     seconds=25,
+    slow=True,
 )
 
 
+@pytest.mark.slow
 def test_vllms_real_prefill_kernel_on_the_split_views_matches_the_stock_call():
     """vLLM's Triton ``context_attention_fwd`` under Triton's interpreter (a fresh
     process: the interpreter is chosen when the kernels are defined). The prefill rows of

@@ -46,6 +46,7 @@ for _script in SMOKE:
         ["test_a_benchmark_runs_at_smoke_size"],
         _run(_script),
         seconds=90 if _script == "host_overhead.py" else 15,
+        slow=True,
     )
 
 
@@ -53,6 +54,7 @@ def test_every_benchmark_has_a_smoke_run():
     assert sorted(SMOKE) == sorted(p.name for p in BENCHMARKS.glob("*.py"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script", sorted(SMOKE))
 def test_a_benchmark_runs_at_smoke_size(script):
     done = background.result(f"benchmark-{script}")

@@ -645,6 +645,7 @@ def test_a_full_stdout_is_one_line_and_exit_1():
     ]
 
 
+@pytest.mark.slow
 def test_check_accuracy_writes_its_json_before_a_gone_reader_ends_it(tmp_path):
     """The file is written first; the table then meets the closed pipe: exit 141, no
     traceback (a fresh interpreter: torch and vLLM load, some seconds)."""
@@ -675,6 +676,7 @@ class _GoneReader:
         raise io.UnsupportedOperation("fileno")
 
 
+@pytest.mark.slow
 def test_bench_serve_writes_its_json_before_a_gone_reader_ends_it(tmp_path, monkeypatch):
     import socket
 

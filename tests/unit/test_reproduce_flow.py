@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # whole runs of the command (scripts/test --all)
+
 BIN = Path(__file__).resolve().parents[1] / "standins" / "bin"
 MODEL = "Qwen/Qwen3-14B-FP8"
 QUICK_STEPS = [

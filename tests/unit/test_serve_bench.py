@@ -281,6 +281,7 @@ class Spy:
         )
 
 
+@pytest.mark.slow
 def test_full_ab_run_against_a_stand_in_server(tmp_path, monkeypatch):
     spy = Spy(monkeypatch)
     cfg = config(tmp_path, repeats=2)
@@ -302,6 +303,7 @@ def test_full_ab_run_against_a_stand_in_server(tmp_path, monkeypatch):
     assert saved["aiter_env"] == "1"  # every arm runs with VLLM_ROCM_USE_AITER=1
 
 
+@pytest.mark.slow
 def test_a_stall_is_flagged_not_averaged(tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_VLLM_STALL", "64")
     outcome = sb.run_ab(config(tmp_path, repeats=2), log=lambda _: None)
@@ -326,6 +328,7 @@ def test_port_in_use(tmp_path):
     assert outcome.results == [] and f"port {cfg.port}" in outcome.error
 
 
+@pytest.mark.slow
 def test_crash_mid_run_keeps_partial_results(tmp_path, monkeypatch):
     spy = Spy(monkeypatch)
     monkeypatch.setenv("FAKE_VLLM_DIE_AFTER", "2")  # dies answering the second run
@@ -335,6 +338,7 @@ def test_crash_mid_run_keeps_partial_results(tmp_path, monkeypatch):
     assert spy.all_stopped()
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_the_server_and_keeps_results(tmp_path, monkeypatch):
     spy = Spy(monkeypatch)
     calls = []
@@ -351,6 +355,7 @@ def test_ctrl_c_stops_the_server_and_keeps_results(tmp_path, monkeypatch):
     assert spy.all_stopped()
 
 
+@pytest.mark.slow
 def test_cli_exit_codes_and_json(tmp_path, monkeypatch, capsys):
     from vllm_rocm_asm_decode.tools.cli import main
 
@@ -437,6 +442,7 @@ def free_port6() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_an_ipv6_host_is_served_and_benchmarked(tmp_path):
     """--host ::1: the port is tried in IPv6, /health asked at http://[::1]:port."""
     from vllm_rocm_asm_decode.tools.cli import _port_taken
@@ -453,6 +459,7 @@ def test_an_ipv6_host_is_served_and_benchmarked(tmp_path):
     ]
 
 
+@pytest.mark.slow
 def test_a_second_ctrl_c_kills_a_slow_server_and_the_json_is_written(tmp_path):
     """The first Ctrl-C (mid-run) stops the server, which drains slowly; the second
     kills its process group at once. --json is written, exit 130, no traceback."""

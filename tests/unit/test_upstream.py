@@ -536,6 +536,7 @@ def test_the_git_hint_only_for_a_git_checkout(tree, capsys):
     assert code == 0 and hint.startswith("next: git add -A && pre-commit run")
 
 
+@pytest.mark.slow
 def test_runs_at_once_on_one_tree_all_succeed_and_agree(tree):
     """Three processes writing into one tree at the same time (each stages files of its
     own), as three shells would."""

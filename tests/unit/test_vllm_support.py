@@ -282,6 +282,7 @@ def wheel(tmp_path_factory) -> Path:
 PIP = [sys.executable, "-m", "pip", "--isolated", "--disable-pip-version-check"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("image_vllm", ["0.34.0.dev3+rocm700", "0.33.0+rocm722", "0.11.1+rocm700"])
 def test_pip_install_into_a_rocm_image_installs_the_plugin_alone(tmp_path, wheel, image_vllm):
     """``pip install --dry-run`` of the built wheel into an environment that holds a
