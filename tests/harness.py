@@ -97,7 +97,7 @@ def asm_layers(builder) -> set[str]:
 def scale_tables(builder, name: str) -> tuple[torch.Tensor, torch.Tensor]:
     """The K and V scale tables the asm decode of layer ``name`` reads."""
     if IN_TREE:
-        by_name = {layer.layer_name: t[:2] for layer, t in builder._asm_scales.items()}
+        by_name = {layer.layer_name: t for layer, t in builder._asm_scales.items()}
         return by_name[name]
     return builder.binding(name).scales
 

@@ -118,6 +118,7 @@ def run_suite(env: dict[str, str], stage: int) -> dict[str, object]:
         # The test file written into vLLM, as vLLM's CI collects it (on this CPU machine
         # the kernel tests skip with their reason, the rule's tests run).
         cmd += [str(written), f"--rootdir={E2E.parents[1]}"]
+        cmd += ["-c", str(E2E.parents[1] / "pyproject.toml")]  # its markers
         suite = background.run(cmd, suite_env, cwd=str(E2E.parents[1]), timeout=900, preloaded=True)
         cases = {}
         if report.is_file():

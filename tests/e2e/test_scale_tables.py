@@ -153,7 +153,7 @@ def assert_every_layer_decodes_on_asm_at_its_scales(model, plugin_log, seed: int
             out.float(), harness.reference(model, batch, layer), atol=2e-2, rtol=0
         )
     assert len(harness.asm_calls()) == len(model.layers)
-    assert not any("away from the other layers" in m for m in plugin_log)
+    assert not any("left their shared asm scale tables" in m for m in plugin_log)
 
 
 def test_a_reload_moving_every_layer_to_one_scale_is_followed(tmp_path, kernels, plugin_log):
@@ -184,7 +184,7 @@ def test_a_reload_of_one_side_alone_is_followed(tmp_path, kernels, plugin_log, m
             out.float(), harness.reference(model, batch, layer), atol=2e-2, rtol=0
         )
     assert len(harness.asm_calls()) == 2
-    assert not any("away from the other layers" in m for m in plugin_log)
+    assert not any("left their shared asm scale tables" in m for m in plugin_log)
 
 
 @pytest.mark.skipif(not harness.IN_TREE, reason="the plugin gives such layers their own tables")
@@ -206,9 +206,9 @@ def test_a_diverging_reload_of_allocated_shared_tables_sends_those_layers_to_hip
     checkpoint.reload([(0.5, 0.25), (2.0, 0.25), (1.0, 0.5)])
     batch = harness.make_batch(model, [40] * 16, seed=3)
     metadata = model.builder.build(0, batch.common)
-    (line,) = [m for m in plugin_log if "away from the other layers" in m]
+    (line,) = [m for m in plugin_log if "left their shared asm scale tables" in m]
     first, second, third = model.names
-    assert f"KV scales of {second} away" in line and "they now use the HIP decode" in line
+    assert f"KV scales of {second} left" in line and "they now use the HIP decode" in line
     assert harness.asm_layers(model.builder) == {first, third}
     harness.fill_context(model, batch)
     for name in model.names:
@@ -231,7 +231,7 @@ def test_a_diverging_reload_of_allocated_shared_tables_under_full_graphs_stops_v
     model.vllm_config.compilation_config.cudagraph_mode = CUDAGraphMode.FULL_AND_PIECEWISE
     model.builder.build(0, harness.make_batch(model, [40] * 16).common)
     checkpoint.reload([(0.5, 0.25), (2.0, 0.25)])
-    with pytest.raises(RuntimeError, match=f"KV scales of {model.names[1]} away") as raised:
+    with pytest.raises(RuntimeError, match=f"KV scales of {model.names[1]} left") as raised:
         model.builder.build(0, harness.make_batch(model, [40] * 16).common)
     assert str(raised.value).endswith("; restart vLLM (graphs hold the old scales)")
 

@@ -168,13 +168,15 @@ def _logger(src: Source) -> ast.stmt:
 
 _METADATA_FIELDS = """\
     use_asm_decode: bool = False  # pa_fwd_asm decodes this step
-    asm_scales: dict[torch.nn.Module, tuple] | None = None  # (K, V) tables by layer"""
+    # By layer: its K_QScale and V_QScale tables [num_blocks, num_kv_heads, 16].
+    asm_scales: dict[torch.nn.Module, tuple[torch.Tensor, torch.Tensor]] | None = None"""
 
 _BUILDER_INIT = """\
 
         self._asm_cut = 0  # set when the layers are bound, at the first build()
-        # Bound layers: their K and V scale tables and the scales the tables hold.
-        self._asm_scales: dict[torch.nn.Module, tuple] = {}"""
+        # The bound layers' K and V scale tables, and the scales those tables hold.
+        self._asm_scales: dict[torch.nn.Module, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._asm_held: dict[torch.nn.Module, tuple[float, float]] = {}"""
 
 _STAGE_1_CAP = """\
             keys = list(enumerate(scales))  # K and V tables apart: (0 or 1, scale)
@@ -186,7 +188,8 @@ _STAGE_1_TABLES = """\
             for key in set(keys) - tables.keys():
                 full = torch.full(shape, key[1], dtype=torch.float, device=self.device)
                 tables[key] = full
-            self._asm_scales[layer] = (tables[keys[0]], tables[keys[1]], *scales)
+            self._asm_scales[layer] = (tables[keys[0]], tables[keys[1]])
+            self._asm_held[layer] = scales
 """
 
 _STAGE_1_BIND = (
@@ -228,44 +231,43 @@ _STAGE_1_RELOAD = """\
 
     def _follow_asm_reload(self) -> None:
         \"\"\"After a weight reload, refill the scale tables in place: graphs hold them.\"\"\"
-        now = {x: (x._k_scale_float, x._v_scale_float) for x in self._asm_scales}
+        now = {x: (x._k_scale_float, x._v_scale_float) for x in self._asm_held}
         wanted: dict[torch.Tensor, set[float]] = {}
         for layer, tables in self._asm_scales.items():
-            for table, scale in zip(tables[:2], now[layer], strict=True):
+            for table, scale in zip(tables, now[layer], strict=True):
                 wanted.setdefault(table, set()).add(scale)
         for table, scales in wanted.items():
             if len(scales) == 1:  # else it keeps its scale, now wrong for some layers
                 table.fill_(*scales)
         stale = [
             x
-            for x, t in self._asm_scales.items()
-            if any(len(wanted[t[i]]) > 1 and now[x][i] != t[2 + i] for i in (0, 1))
+            for x, held in self._asm_held.items()
+            if any(
+                len(wanted[t]) > 1 and s != h
+                for t, s, h in zip(self._asm_scales[x], now[x], held, strict=True)
+            )
         ]
         if stale:
             names = ", ".join(x.layer_name for x in stale)
-            why = (
-                f"A weight reload moved the KV scales of {names} away from the other "
-                "layers sharing their asm scale tables"
-            )
+            why = f"Reloaded KV scales of {names} left their shared asm scale tables"
             if self.vllm_config.compilation_config.cudagraph_mode.has_full_cudagraphs():
                 raise RuntimeError(f"{why}; restart vLLM (graphs hold the old scales)")
             logger.error("%s: they now use the HIP decode", why)
-        self._asm_scales = {
-            x: (*t[:2], *now[x]) for x, t in self._asm_scales.items() if x not in stale
-        }"""
+        self._asm_scales = {x: t for x, t in self._asm_scales.items() if x not in stale}
+        self._asm_held = {x: now[x] for x in self._asm_scales}"""
 
 _BUILDER_BIND = _STAGE_1_BIND + _STAGE_1_RELOAD
 
 _BUILD_DECIDE = """\
         if (
             not self._asm_cut
-            and type(self) is RocmAttentionMetadataBuilder  # not those built on it
+            and type(self) is RocmAttentionMetadataBuilder  # not the ones built on it
             and rocm_aiter_ops.is_mha_enabled()
         ):
             self._bind_asm_decode()
-        elif [t[2:] for t in self._asm_scales.values()] != [
-            (x._k_scale_float, x._v_scale_float) for x in self._asm_scales
-        ]:
+        elif list(self._asm_held.values()) != [
+            (x._k_scale_float, x._v_scale_float) for x in self._asm_held
+        ]:  # a weight reload set new scales (host floats: no sync)
             self._follow_asm_reload()
         use_asm = bool(self._asm_scales) and _use_asm_decode(
             common_attn_metadata, self.num_heads_q, self._asm_cut
@@ -382,6 +384,12 @@ def _metadata_call(src: Source, build: ast.FunctionDef, where: str) -> ast.Call:
     return node.value
 
 
+_PRECISION_DOC = """\
+
+        high_precision: 0, 1 (AITER's default) or 2 (its ultra-precision kernel).
+"""
+
+
 def stage1_aiter_ops(src: Source) -> None:
     """``rocm_aiter_ops.pa_fwd_asm(..., high_precision: int = 1)``, passed on to AITER:
     1 is AITER's own default, so a call without it reaches AITER as before."""
@@ -393,6 +401,14 @@ def stage1_aiter_ops(src: Source) -> None:
         if out is None or names[-1] != "out_":
             raise src.moved("rocm_aiter_ops.pa_fwd_asm: out_ is not its last argument")
         src.add_item_after(out, "high_precision: int = 1")
+    fn = src.find_def("rocm_aiter_ops", "pa_fwd_asm")
+    if not src.carries(_PRECISION_DOC, "high_precision: 0", fn, where):
+        doc = fn.body[0]
+        if not (isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant)):
+            raise src.moved("rocm_aiter_ops.pa_fwd_asm: no docstring")
+        if src.lines[doc.end_lineno - 1].strip() != '"""':
+            raise src.moved("rocm_aiter_ops.pa_fwd_asm: the docstring's end")
+        src.insert_after_line(doc.end_lineno - 1, _PRECISION_DOC.rstrip("\n"))
     fn = src.find_def("rocm_aiter_ops", "pa_fwd_asm")
     call = next(
         (
@@ -562,7 +578,8 @@ _STAGE_3_BIND = (
     .replace(
         _STAGE_1_TABLES,
         "            tables = self._asm_tables.get(layer, shape)\n"
-        "            self._asm_scales[layer] = (*tables, *scales)\n",
+        "            self._asm_scales[layer] = tables\n"
+        "            self._asm_held[layer] = scales\n",
     )
 )
 assert all(t in _STAGE_1_BIND for t in (_STAGE_1_TABLES, _STAGE_1_TABLES_DECL, _STAGE_1_CAP))
