@@ -109,6 +109,8 @@ def run_suite(env: dict[str, str], stage: int) -> dict[str, object]:
             "ASM_DECODE_TEST_TREE": str(tree),
             "ASM_DECODE_TEST_STOCK_VLLM": str(installed_vllm()),
             "VLLM_PLUGINS": "",  # no general plugin is loaded, this one included
+            # Stage 1 admits AITER from 0.1.17 on (block ids >= 65536): the seed's.
+            "ASM_DECODE_TEST_AITER_VERSION": "0.1.27",
         }
         written = tree / "tests/kernels/attention/test_rocm_attn_aiter_asm_decode.py"
         cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "tests/e2e"]

@@ -29,9 +29,7 @@ ASM_BLOCK_SIZE = 16
 ASM_HEAD_SIZE = 128
 ASM_MAX_GQA = 8
 ASM_PRECISION = 2  # the ultra-precision kernel
-# At its default precision AITER's paged_attention_common takes asm above 2 query heads
-# a CU, HIP below; the original MI355X timings agree.
-ASM_HEADS_PER_CU = 2
+ASM_HEADS_PER_CU = 2  # AITER's paged_attention_common: asm above 2 query heads a CU
 
 
 def asm_decode_rejections(

@@ -29,7 +29,7 @@ def test_cut_follows_the_compute_units(tmp_path, kernels, plugin_log):
     assert (model.builder._asm_cut if harness.IN_TREE else model.builder.asm_cut) == CUT
     assert not at.use_asm_decode and above.use_asm_decode
     if harness.IN_TREE:
-        assert any(f"in steps above {CUT} query heads" in m for m in plugin_log)
+        assert any(f"layers above {CUT} query heads" in m for m in plugin_log)
     else:
         assert any(
             f"eligible on {ARCH}" in m and f"above {CUT} query heads" in m for m in plugin_log

@@ -72,7 +72,7 @@ def test_pure_decode_above_the_cut_runs_asm_and_matches_reference(tmp_path, kern
     assert kernels.cache_writes > 0  # this step's tokens went through vLLM's writer
     cut = 2 * COMPUTE_UNITS[ARCH]
     if harness.IN_TREE:
-        line = f"decodes 2 of 2 layers, in steps above {cut} query heads"
+        line = f"decodes 2 of 2 layers above {cut} query heads"
         assert sum(line in m for m in plugin_log) == 1
     else:
         assert any(f"2 of 2 layers eligible on {ARCH}" in m and str(cut) in m for m in plugin_log)

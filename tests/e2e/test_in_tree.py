@@ -129,6 +129,30 @@ def test_doctors_self_test_leaves_a_vllm_that_carries_the_change_alone(monkeypat
 
 
 @in_tree_only
+@pytest.mark.parametrize("version", ["0.1.16.post5", "0.1.17rc1", None], ids=str)
+def test_an_aiter_before_0_1_17_keeps_every_layer_on_hip(
+    tmp_path, kernels, plugin_log, monkeypatch, version
+):
+    """AITER before 0.1.17 misreads KV block ids >= 65536 (AITER issue 3062), one of
+    unknown version (no ``aiter._version``) may: every layer keeps the HIP decode, each
+    saying why, and the count line says none decodes on asm. From 0.1.17 on, asm."""
+    if version is None:
+        monkeypatch.delenv("ASM_DECODE_TEST_AITER_VERSION")
+    else:
+        monkeypatch.setenv("ASM_DECODE_TEST_AITER_VERSION", version)
+    model = harness.build_model(tmp_path, num_layers=2)
+    batch = harness.make_batch(model, [20] * 64)  # 2560 query heads, above the cut
+    assert not model.builder.build(0, batch.common).use_asm_decode
+    assert harness.asm_layers(model.builder) == set()
+    assert all(harness.kept_on_hip(plugin_log, f"{n} ") for n in model.names)
+    assert sum("an AITER before 0.1.17" in m for m in plugin_log) == 2
+    assert any("decodes 0 of 2 layers" in m for m in plugin_log)
+    monkeypatch.setenv("ASM_DECODE_TEST_AITER_VERSION", "0.1.17")
+    model = harness.build_model(tmp_path / "fixed", num_layers=2)
+    assert model.builder.build(0, batch.common).use_asm_decode
+
+
+@in_tree_only
 @pytest.mark.parametrize(
     "module", ["rocm_aiter_unified_attn.py", "rocm_segmented_attn.py", "rocm_aiter_fa.py"]
 )

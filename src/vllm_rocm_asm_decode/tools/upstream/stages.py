@@ -168,7 +168,6 @@ def _logger(src: Source) -> ast.stmt:
 
 _METADATA_FIELDS = """\
     use_asm_decode: bool = False  # pa_fwd_asm decodes this step
-    # By layer: its K_QScale and V_QScale tables [num_blocks, num_kv_heads, 16].
     asm_scales: dict[torch.nn.Module, tuple[torch.Tensor, torch.Tensor]] | None = None"""
 
 _BUILDER_INIT = """\
@@ -202,9 +201,16 @@ _STAGE_1_BIND = (
         layers = self.vllm_config.compilation_config.static_forward_context
         dtype, mi3xx = self.vllm_config.model_config.dtype, on_mi3xx()
         self._asm_cut = _ASM_HEADS_PER_CU * num_compute_units(self.device.index or 0)
+        try:  # AITER before 0.1.17 misreads KV block ids >= 65536 (AITER issue 3062)
+            from aiter._version import __version__ as aiter_version
+
+            aiter_ok = Version(aiter_version) >= Version("0.1.17")
+        except (ImportError, InvalidVersion):
+            aiter_ok = False  # a build of unknown version
         tables: dict[tuple[int, float], torch.Tensor] = {}  # by (K 0 / V 1, scale)
         for layer in (layers[name] for name in self.layer_names):
             reasons = _asm_decode_rejections(layer.impl, layer.kv_cache, dtype, mi3xx)
+            reasons += [] if aiter_ok else ["an AITER before 0.1.17"]
             scales = (layer._k_scale_float, layer._v_scale_float)
 """
     + _STAGE_1_CAP
@@ -218,8 +224,7 @@ _STAGE_1_BIND = (
     + _STAGE_1_TABLES
     + """\
         logger.info_once(
-            "ROCM_ATTN: AITER pa_fwd_asm decodes %d of %d layers, in steps above %d "
-            "query heads",
+            "ROCM_ATTN: AITER pa_fwd_asm decodes %d of %d layers above %d query heads",
             len(self._asm_scales),
             len(self.layer_names),
             self._asm_cut,
@@ -236,16 +241,13 @@ _STAGE_1_RELOAD = """\
         for layer, tables in self._asm_scales.items():
             for table, scale in zip(tables, now[layer], strict=True):
                 wanted.setdefault(table, set()).add(scale)
-        for table, scales in wanted.items():
-            if len(scales) == 1:  # else it keeps its scale, now wrong for some layers
-                table.fill_(*scales)
-        stale = [
+        kept = {t for t, scales in wanted.items() if len(scales) > 1}  # layers parted
+        for table in wanted.keys() - kept:  # one new scale for all its layers
+            table.fill_(*wanted[table])
+        stale = [  # layers that moved off a table which keeps its scale
             x
-            for x, held in self._asm_held.items()
-            if any(
-                len(wanted[t]) > 1 and s != h
-                for t, s, h in zip(self._asm_scales[x], now[x], held, strict=True)
-            )
+            for x, t in self._asm_scales.items()
+            if any(t[i] in kept and now[x][i] != self._asm_held[x][i] for i in (0, 1))
         ]
         if stale:
             names = ", ".join(x.layer_name for x in stale)
@@ -295,6 +297,8 @@ _FORWARD_ASM = """\
 
 def stage1_rocm_attn(src: Source) -> None:
     src.ensure_import("vllm.utils.platform_utils", "num_compute_units")
+    src.ensure_import("packaging.version", "InvalidVersion")
+    src.ensure_import("packaging.version", "Version")
     add_runtime_block(src, "core", lambda: _logger(src))
 
     metadata = src.find("RocmAttentionMetadata")
@@ -385,7 +389,6 @@ def _metadata_call(src: Source, build: ast.FunctionDef, where: str) -> ast.Call:
 
 
 _PRECISION_DOC = """\
-
         high_precision: 0, 1 (AITER's default) or 2 (its ultra-precision kernel).
 """
 

@@ -235,15 +235,15 @@ def test_the_rule(case, reasons):
     assert rule(**case) == reasons
 
 
-STEPS = {  # 40 query heads a request, a cut of 512 query heads
+STEPS = {  # 40 query heads a request, a cut of 480 query heads
     "above-cut": ([1] * 13, True),
     "at-cut": ([1] * 12, False),
-    "prefill": ([1] * 12 + [2], False),
-    "padding-row": ([1] * 12 + [0], False),  # more requests than tokens
+    "prefill": ([1] * 12 + [2, 0], False),  # as many tokens as requests
+    "padding-row": ([1] * 13 + [0], False),  # more requests than tokens
 }
 
 
 @pytest.mark.parametrize(("query_lens", "asm"), STEPS.values(), ids=STEPS)
 def test_the_step_decision(query_lens, asm):
     step = common([1024] * len(query_lens), [[1]] * len(query_lens), query_lens, "cpu")
-    assert use_asm_decode(step, 40, 512) is asm
+    assert use_asm_decode(step, 40, 480) is asm
