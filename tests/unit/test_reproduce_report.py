@@ -5,6 +5,7 @@ spread, failed and missing steps; and its input errors (one line, exit 2)."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 import sys
 from pathlib import Path
@@ -13,7 +14,7 @@ import pytest
 
 from vllm_rocm_asm_decode.tools import cli
 from vllm_rocm_asm_decode.tools.reproduce import compare, report
-from vllm_rocm_asm_decode.tools.reproduce.state import StepRecord
+from vllm_rocm_asm_decode.tools.reproduce.state import StepRecord, Store
 from vllm_rocm_asm_decode.tools.reproduce.steps import Settings, plan
 
 BIN = Path(__file__).resolve().parents[1] / "standins" / "bin"
@@ -333,3 +334,75 @@ def test_an_out_this_command_did_not_make_is_refused_and_left_alone(case, capsys
     if case == "users-files":
         assert sorted(p.name for p in out.iterdir()) == ["report.md"]
         assert (out / "report.md").read_text() == "mine"
+
+
+CONFIGS_NOT_A_MODEL = {
+    "a-list": ("[1]", "config.json is not a JSON object"),
+    "null": ("null", "config.json is not a JSON object"),
+    "nested": ("[" * 100_000 + "]" * 100_000, "nested too deep"),
+    "bom": ("\ufeff{}", "config.json: Unexpected UTF-8 BOM"),
+    "latin-1": ('{"n": "\xe9"}', "config.json: 'utf-8' codec can't decode"),
+}
+
+
+@pytest.mark.parametrize(("text", "says"), CONFIGS_NOT_A_MODEL.values(), ids=CONFIGS_NOT_A_MODEL)
+def test_a_model_directory_whose_config_is_no_models_is_one_line(text, says, capsys, tmp_path):
+    """--model DIR's config.json read as plan reads it (bounded, a JSON object, the file
+    named in the line), not a traceback."""
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_bytes(text.encode("latin-1" if "\xe9" in text else "utf-8"))
+    code = cli.main(["reproduce", "--model", str(model), "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert says in err.replace("cannot read ", "").replace(f"{model}/", "")
+    assert not (tmp_path / "o").exists()
+
+
+SETTINGS_NOT_OURS = {
+    "a-list": "[]",
+    "a-string": '"str"',
+    "a-field-of-its-own": '{"model": "m", "tp": 1, "quick": true, "dataset": null, "x": 1}',
+    "a-field-missing": '{"model": "m"}',
+    "fifo": None,
+}
+
+
+@pytest.mark.parametrize("content", SETTINGS_NOT_OURS.values(), ids=SETTINGS_NOT_OURS)
+def test_a_reproduction_json_this_command_did_not_write_is_one_line(content, capsys, tmp_path):
+    """A foreign reproduction.json (another shape, unknown fields, a FIFO that would never
+    end a read) is refused in one line before anything runs, and left as it was."""
+    out = tmp_path / "o"
+    out.mkdir()
+    path = out / "reproduction.json"
+    if content is None:
+        os.mkfifo(path)
+    else:
+        path.write_text(content)
+    code = cli.main(["reproduce", "--model", "m", "--out", str(out), *_stand_ins()])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert "cannot read its reproduction.json" in err and "give another --out" in err
+    assert sorted(p.name for p in out.iterdir()) == ["reproduction.json"]
+
+
+def test_records_this_command_did_not_write_count_as_not_finished(tmp_path):
+    """A step record whose figures are not a step's (hand-edited, say), a FIFO in its place
+    and an environment file named otherwise are left out, never a crash."""
+    from vllm_rocm_asm_decode.tools.reproduce import command
+
+    store = Store(tmp_path)
+    (tmp_path / "steps").mkdir()
+    (tmp_path / "environment").mkdir()
+    (tmp_path / "environment" / "notes.json").write_text("{}")
+    (tmp_path / "environment" / "1.json").write_text('{"invocation": 1}')
+    settings = Settings(model="m", quick=True)
+    steps = plan(settings)
+    odd = StepRecord("kernel-table", "ok", 1.0, "now", 1, {"timings": [{"hip": 1}]})
+    store.save(odd)
+    os.mkfifo(store.step_path("doctor"))
+    assert store.record("doctor") is None  # returns at once: the FIFO is not opened
+    assert store.record("kernel-table") == odd
+    assert command._readable(settings, steps, "kernel-table", odd) is None
+    assert [e["invocation"] for e in store.environments()] == [1]
+    assert store.begin({}) == 2

@@ -11,10 +11,11 @@ import time
 from pathlib import Path
 
 from .. import original
+from ..choices import first_line
 from . import environment, options, report, runners
 from .progress import Progress
 from .state import FAILED, OK, StepRecord, Store
-from .steps import Step, plan
+from .steps import Settings, Step, plan
 
 PROG = "vllm-rocm-asm-decode reproduce"
 
@@ -56,11 +57,15 @@ def main(args: argparse.Namespace) -> int:
     store = Store(Path(args.out))
     problem = options.out_problem(args.out)
     try:
-        stored = store.settings() if not problem and os.path.isdir(store.root) else None
+        fields = Settings.__dataclass_fields__
+        stored = store.settings(fields) if not problem and os.path.isdir(store.root) else None
     except (OSError, ValueError, RecursionError) as exc:
         stored = None
-        why = getattr(exc, "strerror", None) or "not JSON this command wrote"
-        problem = f"--out: cannot read its reproduction.json ({why})"
+        why = getattr(exc, "strerror", None) or first_line(exc) or "not JSON"
+        problem = (
+            f"--out: cannot read its reproduction.json ({why}); it is not one this command "
+            "wrote: give another --out"
+        )
     else:
         problem = problem or options.problem(args, stored)
     if problem:
@@ -94,7 +99,7 @@ def main(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"{PROG}: error: --out {args.out}: {exc.strerror or exc}", file=sys.stderr)
         return 2
-    records = {s.name: store.record(s.name) for s in steps}
+    records = {s.name: _readable(settings, steps, s.name, store.record(s.name)) for s in steps}
     done = {n for n, r in records.items() if r is not None and r.ok}
     progress = Progress(steps, done)
     stopped: str | None = None
@@ -136,6 +141,22 @@ def main(args: argparse.Namespace) -> int:
     return _finish(store, settings, steps, records, stopped, interrupted)
 
 
+#: What a step record that this command did not write can raise when it is reported.
+_NOT_OURS = (KeyError, TypeError, ValueError, IndexError, AttributeError)
+
+
+def _readable(settings, steps, name: str, rec: StepRecord | None) -> StepRecord | None:
+    """``rec`` if the report can be made from it; else None: a record this command did
+    not write (hand-edited, another version's) counts as not finished, and runs again."""
+    if rec is None or not isinstance(rec.result, dict):
+        return None
+    try:
+        report.render_markdown(report.Run(settings, steps, {name: rec}, []))
+    except _NOT_OURS:
+        return None
+    return rec
+
+
 def _finish(store, settings, steps, records, stopped, interrupted) -> int:
     run = report.Run(settings, steps, records, store.environments(), stopped=stopped)
     results = {n: (r.result if r is not None else None) for n, r in records.items()}
@@ -145,8 +166,10 @@ def _finish(store, settings, steps, records, stopped, interrupted) -> int:
         run.plots = charts.draw(results, settings.model, store.root)
     except SystemExit as exc:  # matplotlib missing: said in the report
         run.plot_problem = str(exc)
-    except (OSError, ValueError) as exc:
+    except OSError as exc:
         run.plot_problem = f"could not be drawn ({exc})"
+    except _NOT_OURS as exc:  # a record whose figures are not what a step writes
+        run.plot_problem = f"could not be drawn from the step records ({exc!r})"
     try:
         path = report.write(run, store.root)
     except OSError as exc:

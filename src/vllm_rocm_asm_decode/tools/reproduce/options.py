@@ -173,8 +173,8 @@ def problem(args: argparse.Namespace, stored: dict | None) -> str | None:
     if args.model.startswith((os.sep, ".", "~")) or os.path.exists(path):
         if not os.path.isfile(path / "config.json"):
             return f"--model {args.model}: not a model directory with a config.json"
-        try:
-            choices.check_model_config(path, args.tp)
+        try:  # read as plan reads it: bounded, a JSON object, named in every error
+            choices.check_model_config(choices.resolve_model_dir(str(path))[0], args.tp)
         except (choices.InputError, ValueError) as exc:
             return str(exc)
     if args.dataset is not None:

@@ -16,7 +16,9 @@ import contextlib
 import json
 import os
 import shutil
+import stat
 import tempfile
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -84,11 +86,23 @@ class Store:
         """The step's own directory for what its tools write."""
         return self.root / "files" / name
 
-    def settings(self) -> dict[str, Any] | None:
+    def settings(self, fields: Iterable[str]) -> dict[str, Any] | None:
+        """The settings ``reproduction.json`` holds; None where there is none. Raises
+        ValueError (OSError where unreadable) for one this command did not write: not a
+        regular file, over 1 MiB, not a JSON object of ``fields``."""
         try:
-            return json.loads(self.settings_path.read_text(encoding="utf-8"))
+            if not stat.S_ISREG(os.stat(self.settings_path).st_mode):
+                raise ValueError("not a regular file")
         except FileNotFoundError:
             return None
+        with open(self.settings_path, "rb") as f:
+            data = f.read(2**20 + 1)
+        if len(data) > 2**20:
+            raise ValueError("larger than 1 MiB")
+        stored = json.loads(data.decode("utf-8"))
+        if not isinstance(stored, dict) or stored.keys() != set(fields):
+            raise ValueError("not the settings this command writes")
+        return stored
 
     def save_settings(self, settings: dict[str, Any]) -> None:
         write_json(self.settings_path, settings)
@@ -96,10 +110,12 @@ class Store:
     def record(self, name: str) -> StepRecord | None:
         """The step's record, or None when it has not finished (or its file is not one
         this command wrote, which counts as not finished)."""
+        path = self.step_path(name)
         try:
-            data = json.loads(self.step_path(name).read_text(encoding="utf-8"))
-            return StepRecord(**data)
-        except (OSError, ValueError, TypeError):
+            if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would never end a read
+                return None
+            return StepRecord(**json.loads(path.read_text(encoding="utf-8")))
+        except (OSError, ValueError, TypeError, RecursionError):
             return None
 
     def save(self, record: StepRecord) -> None:
@@ -119,18 +135,22 @@ class Store:
 
     def environments(self) -> list[dict[str, Any]]:
         found = []
-        for path in sorted(
-            (self.root / "environment").glob("*.json"), key=lambda p: int(p.stem or 0)
-        ):
+        for path in sorted(self._environment_files(), key=lambda p: int(p.stem)):
             try:
-                found.append(json.loads(path.read_text(encoding="utf-8")))
-            except (OSError, ValueError):
+                if stat.S_ISREG(os.stat(path).st_mode):
+                    found.append(json.loads(path.read_text(encoding="utf-8")))
+            except (OSError, ValueError, RecursionError):
                 continue
         return found
 
+    def _environment_files(self) -> list[Path]:
+        """``environment/<n>.json``, the files :meth:`begin` writes (no other)."""
+        folder = self.root / "environment"
+        return [p for p in folder.glob("*.json") if p.stem.isascii() and p.stem.isdigit()]
+
     def begin(self, environment: dict[str, Any]) -> int:
         """Record this invocation's environment; returns its number (1 for the first)."""
-        number = len(list((self.root / "environment").glob("*.json"))) + 1
+        number = max((int(p.stem) for p in self._environment_files()), default=0) + 1
         write_json(
             self.root / "environment" / f"{number}.json", environment | {"invocation": number}
         )
