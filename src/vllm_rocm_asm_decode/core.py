@@ -21,6 +21,7 @@ from vllm.v1.attention.ops.paged_attn import PagedAttention
 from .aiter_ops import rocm_aiter_ops
 
 if TYPE_CHECKING:
+    from vllm.config import ModelConfig
     from vllm.v1.attention.backends.rocm_attn import RocmAttentionImpl
 
 # AITER's pa_asm.csv has uhp kernels for gfx942/gfx950, fp8 e4m3, head 128, GQA <= 8.
@@ -30,14 +31,16 @@ ASM_HEAD_SIZE = 128
 ASM_MAX_GQA = 8
 ASM_PRECISION = 2  # the ultra-precision kernel
 ASM_HEADS_PER_CU = 2  # AITER's paged_attention_common: asm above 2 query heads a CU
+ASM_MAX_MODEL_LEN = 128 * 1024  # stock ROCM_ATTN runs Triton, not HIP, past it
 
 
 def asm_decode_rejections(
-    impl: "RocmAttentionImpl", kv_cache: torch.Tensor, dtype: torch.dtype, mi3xx: bool
+    impl: "RocmAttentionImpl", kv_cache: torch.Tensor, model: "ModelConfig", mi3xx: bool
 ) -> list[str]:
     """Why pa_fwd_asm cannot decode this layer; empty when it can."""
     if impl.attn_type != AttentionType.DECODER:
         return ["not decoder self-attention"]
+    dtype, max_len = model.dtype, model.max_model_len
     key_cache, value_cache = PagedAttention.split_kv_cache(
         kv_cache.transpose(0, 1), impl.num_kv_heads, impl.head_size
     )
@@ -56,6 +59,7 @@ def asm_decode_rejections(
         (not impl.logits_soft_cap, "logits soft cap"),
         (impl.sinks is None, "attention sinks"),
         (has_native_kv_cache_layout(key_cache, value_cache), "KV pages not dense"),
+        (max_len <= ASM_MAX_MODEL_LEN, f"max_model_len {max_len} > 128K"),
     )
     return [reason for ok, reason in clauses if not ok]
 

@@ -116,7 +116,7 @@ def rejection_reasons(
     reasons = [
         f"{reason} ({kernels.arch or 'unknown'})" if reason == OTHER_GPU else reason
         for reason in asm_decode_rejections(
-            impl, kv_cache, model_config.dtype, kernels.arch in MI3XX
+            impl, kv_cache, model_config, kernels.arch in MI3XX
         )
     ]
     if not reasons:

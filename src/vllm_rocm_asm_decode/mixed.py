@@ -47,9 +47,9 @@ def asm_split_reorders(
     page = (2, 1, spec.block_size, spec.num_kv_heads * spec.head_size)
     cache = torch.empty(page, dtype=torch.uint8, device="meta").transpose(0, 1)
     layers = vllm_config.compilation_config.static_forward_context
-    dtype, mi3xx = vllm_config.model_config.dtype, on_mi3xx()
+    model, mi3xx = vllm_config.model_config, on_mi3xx()
     return all(
-        not asm_decode_rejections(layers[name].impl, cache, dtype, mi3xx)
+        not asm_decode_rejections(layers[name].impl, cache, model, mi3xx)
         for name in layer_names
     )
 

@@ -188,8 +188,9 @@ def test_a_reload_of_one_side_alone_is_followed(tmp_path, kernels, plugin_log, m
 
 
 @pytest.mark.skipif(not harness.IN_TREE, reason="the plugin gives such layers their own tables")
+@pytest.mark.parametrize("mode", ["NONE", "PIECEWISE", "FULL"])
 def test_a_diverging_reload_of_allocated_shared_tables_sends_those_layers_to_hip(
-    tmp_path, kernels, plugin_log, monkeypatch
+    tmp_path, kernels, plugin_log, monkeypatch, mode
 ):
     """Stage 1 shares tables by value (so does stage 3 where tables are allocated): one
     layer reloaded to another scale than the others of its table cannot be right in a
@@ -201,7 +202,9 @@ def test_a_diverging_reload_of_allocated_shared_tables_sends_those_layers_to_hip
 
     stock = harness.spy_stock_path(monkeypatch)
     model, checkpoint = fp8_checkpoint(tmp_path, [(0.5, 0.25)] * 2 + [(1.0, 0.5)])
-    model.vllm_config.compilation_config.cudagraph_mode = CUDAGraphMode.NONE  # eager
+    # Eager, piecewise graphs (attention runs eagerly) or FULL (its graphs are captured
+    # with mixed batches: none holds the asm decode).
+    model.vllm_config.compilation_config.cudagraph_mode = CUDAGraphMode[mode]
     model.builder.build(0, harness.make_batch(model, [40] * 16).common)
     checkpoint.reload([(0.5, 0.25), (2.0, 0.25), (1.0, 0.5)])
     batch = harness.make_batch(model, [40] * 16, seed=3)

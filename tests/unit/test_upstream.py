@@ -586,6 +586,7 @@ def test_the_pull_request_texts_are_short_shipped_and_in_the_docs(stage):
         facts = (f"+4.2{dash}6.3 %", f"+6.2{dash}8.8 %", "AITER 0.1.27", "optional")
         facts += ("restart vLLM", "ROCM_AITER_FA", "ViT", "fp16", f"20.0{dash}20.6 {micro}s")
         facts += (f"AITER\n  {at_least} 0.1.17", "issue 3062", f"1{dash}16 unchanged")
+        facts += ("0.9239 \u2192 0.9213", "default precision", "128K", "cudagraph_mode=FULL")
         for fact in facts:
             assert fact in text, fact
     if stage == 3:

@@ -18,6 +18,7 @@ stdout that cannot be written (a full disk, ``> /dev/full``) is one line and exi
 from __future__ import annotations
 
 import argparse
+import codecs
 import contextlib
 import json
 import logging
@@ -767,12 +768,36 @@ class _GuardedStdout:
         return getattr(self._stream, name)
 
 
+def _as_given(exc: UnicodeError) -> tuple[str | bytes, int]:
+    """Text a stream's encoding cannot write: a path's undecodable bytes (which Python
+    holds as lone surrogates) go out as they came in, anything else as ``\\x..``."""
+    assert isinstance(exc, UnicodeEncodeError)
+    text = exc.object[exc.start : exc.end]
+    if all("\udc80" <= c <= "\udcff" for c in text):
+        return bytes(ord(c) - 0xDC00 for c in text), exc.end
+    return codecs.backslashreplace_errors(exc)
+
+
+codecs.register_error("vllm_rocm_asm_decode", _as_given)
+
+
+def _keep_unencodable_text(*streams) -> None:
+    """A file name of bytes that are not UTF-8 is printed, not a UnicodeEncodeError
+    (Python writes stdout strictly under a UTF-8 locale)."""
+    for stream in streams:
+        if getattr(stream, "errors", None) == "strict" and hasattr(stream, "reconfigure"):
+            with contextlib.suppress(AttributeError, ValueError, OSError):
+                stream.reconfigure(errors="vllm_rocm_asm_decode")
+
+
 def main(argv: list[str] | None = None) -> int:
     """The ``vllm-rocm-asm-decode`` command. Ctrl-C ends it with one line and exit 130
     (``bench serve`` first stops its server and keeps its results). A reader of stdout
     that went away ends it quietly with :data:`EXIT_BROKEN_PIPE`; a stdout that cannot
     be written, with one line and exit 1. argparse's own exits (``--help``, a usage
-    error) pass through as SystemExit."""
+    error) pass through as SystemExit. Paths of bytes that are not UTF-8 are printed
+    as given."""
+    _keep_unencodable_text(sys.stdout, sys.stderr)
     real = sys.stdout
     if real is not None:  # None: started with stdout closed; print() then writes nothing
         sys.stdout = _GuardedStdout(real)

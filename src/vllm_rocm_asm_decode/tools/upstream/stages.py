@@ -173,9 +173,8 @@ _METADATA_FIELDS = """\
 _BUILDER_INIT = """\
 
         self._asm_cut = 0  # set when the layers are bound, at the first build()
-        # The bound layers' K and V scale tables, and the scales those tables hold.
         self._asm_scales: dict[torch.nn.Module, tuple[torch.Tensor, torch.Tensor]] = {}
-        self._asm_held: dict[torch.nn.Module, tuple[float, float]] = {}"""
+        self._asm_filled: dict[torch.nn.Module, tuple[float, float]] = {}"""
 
 _STAGE_1_CAP = """\
             keys = list(enumerate(scales))  # K and V tables apart: (0 or 1, scale)
@@ -188,7 +187,7 @@ _STAGE_1_TABLES = """\
                 full = torch.full(shape, key[1], dtype=torch.float, device=self.device)
                 tables[key] = full
             self._asm_scales[layer] = (tables[keys[0]], tables[keys[1]])
-            self._asm_held[layer] = scales
+            self._asm_filled[layer] = scales
 """
 
 _STAGE_1_BIND = (
@@ -199,7 +198,7 @@ _STAGE_1_BIND = (
         from vllm.platforms.rocm import on_mi3xx
 
         layers = self.vllm_config.compilation_config.static_forward_context
-        dtype, mi3xx = self.vllm_config.model_config.dtype, on_mi3xx()
+        model, mi3xx = self.vllm_config.model_config, on_mi3xx()
         self._asm_cut = _ASM_HEADS_PER_CU * num_compute_units(self.device.index or 0)
         try:  # AITER before 0.1.17 misreads KV block ids >= 65536 (AITER issue 3062)
             from aiter._version import __version__ as aiter_version
@@ -209,26 +208,22 @@ _STAGE_1_BIND = (
             aiter_ok = False  # a build of unknown version
         tables: dict[tuple[int, float], torch.Tensor] = {}  # by (K 0 / V 1, scale)
         for layer in (layers[name] for name in self.layer_names):
-            reasons = _asm_decode_rejections(layer.impl, layer.kv_cache, dtype, mi3xx)
+            reasons = _asm_decode_rejections(layer.impl, layer.kv_cache, model, mi3xx)
             reasons += [] if aiter_ok else ["an AITER before 0.1.17"]
             scales = (layer._k_scale_float, layer._v_scale_float)
 """
     + _STAGE_1_CAP
     + """\
             if reasons:
-                why = ", ".join(reasons)
-                logger.debug("%s keeps the HIP decode: %s", layer.layer_name, why)
+                logger.debug("%s keeps HIP: %s", layer.layer_name, ", ".join(reasons))
                 continue
             shape = (layer.kv_cache.shape[0], layer.impl.num_kv_heads, _ASM_BLOCK_SIZE)
 """
     + _STAGE_1_TABLES
     + """\
-        logger.info_once(
-            "ROCM_ATTN: AITER pa_fwd_asm decodes %d of %d layers above %d query heads",
-            len(self._asm_scales),
-            len(self.layer_names),
-            self._asm_cut,
-        )
+        bound, total = len(self._asm_scales), len(self.layer_names)
+        msg = "ROCM_ATTN: AITER pa_fwd_asm decodes %d of %d layers above %d query heads"
+        logger.info_once(msg, bound, total, self._asm_cut)
 """
 )
 
@@ -236,7 +231,7 @@ _STAGE_1_RELOAD = """\
 
     def _follow_asm_reload(self) -> None:
         \"\"\"After a weight reload, refill the scale tables in place: graphs hold them.\"\"\"
-        now = {x: (x._k_scale_float, x._v_scale_float) for x in self._asm_held}
+        now = {x: (x._k_scale_float, x._v_scale_float) for x in self._asm_filled}
         wanted: dict[torch.Tensor, set[float]] = {}
         for layer, tables in self._asm_scales.items():
             for table, scale in zip(tables, now[layer], strict=True):
@@ -247,16 +242,16 @@ _STAGE_1_RELOAD = """\
         stale = [  # layers that moved off a table which keeps its scale
             x
             for x, t in self._asm_scales.items()
-            if any(t[i] in kept and now[x][i] != self._asm_held[x][i] for i in (0, 1))
+            if any(t[i] in kept and now[x][i] != self._asm_filled[x][i] for i in (0, 1))
         ]
         if stale:
             names = ", ".join(x.layer_name for x in stale)
             why = f"Reloaded KV scales of {names} left their shared asm scale tables"
-            if self.vllm_config.compilation_config.cudagraph_mode.has_full_cudagraphs():
+            if self.vllm_config.compilation_config.cudagraph_mode.separate_routine():
                 raise RuntimeError(f"{why}; restart vLLM (graphs hold the old scales)")
             logger.error("%s: they now use the HIP decode", why)
         self._asm_scales = {x: t for x, t in self._asm_scales.items() if x not in stale}
-        self._asm_held = {x: now[x] for x in self._asm_scales}"""
+        self._asm_filled = {x: now[x] for x in self._asm_scales}"""
 
 _BUILDER_BIND = _STAGE_1_BIND + _STAGE_1_RELOAD
 
@@ -267,8 +262,8 @@ _BUILD_DECIDE = """\
             and rocm_aiter_ops.is_mha_enabled()
         ):
             self._bind_asm_decode()
-        elif list(self._asm_held.values()) != [
-            (x._k_scale_float, x._v_scale_float) for x in self._asm_held
+        elif list(self._asm_filled.values()) != [
+            (x._k_scale_float, x._v_scale_float) for x in self._asm_filled
         ]:  # a weight reload set new scales (host floats: no sync)
             self._follow_asm_reload()
         use_asm = bool(self._asm_scales) and _use_asm_decode(
@@ -297,6 +292,7 @@ _FORWARD_ASM = """\
 
 def stage1_rocm_attn(src: Source) -> None:
     src.ensure_import("vllm.utils.platform_utils", "num_compute_units")
+    src.ensure_import("vllm.config", "ModelConfig")
     src.ensure_import("packaging.version", "InvalidVersion")
     src.ensure_import("packaging.version", "Version")
     add_runtime_block(src, "core", lambda: _logger(src))
@@ -388,11 +384,6 @@ def _metadata_call(src: Source, build: ast.FunctionDef, where: str) -> ast.Call:
     return node.value
 
 
-_PRECISION_DOC = """\
-        high_precision: 0, 1 (AITER's default) or 2 (its ultra-precision kernel).
-"""
-
-
 def stage1_aiter_ops(src: Source) -> None:
     """``rocm_aiter_ops.pa_fwd_asm(..., high_precision: int = 1)``, passed on to AITER:
     1 is AITER's own default, so a call without it reaches AITER as before."""
@@ -404,14 +395,6 @@ def stage1_aiter_ops(src: Source) -> None:
         if out is None or names[-1] != "out_":
             raise src.moved("rocm_aiter_ops.pa_fwd_asm: out_ is not its last argument")
         src.add_item_after(out, "high_precision: int = 1")
-    fn = src.find_def("rocm_aiter_ops", "pa_fwd_asm")
-    if not src.carries(_PRECISION_DOC, "high_precision: 0", fn, where):
-        doc = fn.body[0]
-        if not (isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant)):
-            raise src.moved("rocm_aiter_ops.pa_fwd_asm: no docstring")
-        if src.lines[doc.end_lineno - 1].strip() != '"""':
-            raise src.moved("rocm_aiter_ops.pa_fwd_asm: the docstring's end")
-        src.insert_after_line(doc.end_lineno - 1, _PRECISION_DOC.rstrip("\n"))
     fn = src.find_def("rocm_aiter_ops", "pa_fwd_asm")
     call = next(
         (
@@ -582,7 +565,7 @@ _STAGE_3_BIND = (
         _STAGE_1_TABLES,
         "            tables = self._asm_tables.get(layer, shape)\n"
         "            self._asm_scales[layer] = tables\n"
-        "            self._asm_held[layer] = scales\n",
+        "            self._asm_filled[layer] = scales\n",
     )
 )
 assert all(t in _STAGE_1_BIND for t in (_STAGE_1_TABLES, _STAGE_1_TABLES_DECL, _STAGE_1_CAP))

@@ -200,20 +200,26 @@ def test_a_captured_graph_replays_asm_and_follows_a_weight_reload(tmp_path):
         torch.testing.assert_close(out[:-PAD].float().cpu(), ref, atol=ASM_MAX, rtol=0)
 
 
-def rule(head=HEAD, block=BLOCK, lbhnc=False, dtype=torch.bfloat16, mi3xx=True, **kw):
-    """The rule on vLLM's impl and a bound KV cache view (meta tensors)."""
+def rule(path, head=HEAD, block=BLOCK, lbhnc=False, mi3xx=True, model=None, **kw):
+    """The rule on vLLM's impl, a bound KV cache view (meta tensors) and ModelConfig."""
     kw = dict(num_heads=40, num_kv_heads=8, scale=HEAD**-0.5, kv_cache_dtype="fp8") | kw
     kw = dict(alibi_slopes=None, sliding_window=None) | kw
     impl = RocmAttentionImpl(head_size=head, **kw)
     pages = torch.empty(2, 4, block, impl.num_kv_heads * head, dtype=torch.uint8)
     kv_cache = pages.view(4, 2, block, -1) if lbhnc else pages.transpose(0, 1)
-    return asm_decode_rejections(impl, kv_cache.to("meta"), dtype, mi3xx)
+    llama = dict(architectures=["LlamaForCausalLM"], max_position_embeddings=2**20)
+    (path / "config.json").write_text(json.dumps(llama | dict(model_type="llama")))
+    model = dict(skip_tokenizer_init=True, max_model_len=4096) | (model or {})
+    model = cfg.ModelConfig(str(path), **model)
+    return asm_decode_rejections(impl, kv_cache.to("meta"), model, mi3xx)
 
 
 RULE = {
     "bf16": ({}, []),
-    "fp16": (dict(dtype=torch.float16), []),
-    "fp32": (dict(dtype=torch.float32), ["torch.float32 query"]),
+    "fp16": (dict(model=dict(dtype=torch.float16)), []),
+    "fp32": (dict(model=dict(dtype=torch.float32)), ["torch.float32 query"]),
+    "128k": (dict(model=dict(max_model_len=2**17)), []),
+    "over-128k": (dict(model=dict(max_model_len=2**17 + 1)), ["max_model_len 131073"]),
     "gfx90a": (dict(mi3xx=False), ["a GPU other than gfx942/gfx950"]),
     "gqa-9": (dict(num_heads=72), ["GQA 9"]),
     "head-256": (dict(head=256, num_heads=16), ["head size 256"]),
@@ -231,8 +237,8 @@ RULE = {
 
 
 @pytest.mark.parametrize(("case", "reasons"), RULE.values(), ids=RULE)
-def test_the_rule(case, reasons):
-    assert rule(**case) == reasons
+def test_the_rule(tmp_path, case, reasons):
+    assert [r.split(" > ")[0] for r in rule(tmp_path, **case)] == reasons
 
 
 STEPS = {  # 40 query heads a request, a cut of 480 query heads
