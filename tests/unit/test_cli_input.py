@@ -873,3 +873,36 @@ def test_a_config_that_never_ends_is_one_line(tmp_path, capsys):
     (tmp_path / "config.json").symlink_to("/dev/zero")
     err = _one_line_exit_2(["plan", "--model", str(tmp_path)], capsys)
     assert "is larger than 16 MiB: not a model's config.json" in err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["upstream", "bad\udcffup", "--check"], ["plan", "--model", "m/bad\udcffname"]],
+    ids=["upstream", "plan"],
+)
+def test_a_path_of_bytes_that_are_not_utf8_is_named_as_given(argv, tmp_path):
+    """Under a UTF-8 locale Python writes stdout and stderr strictly: a path of other
+    bytes (held as surrogates) is written back byte for byte, in one line, exit 2."""
+    import subprocess
+
+    env = os.environ | {"PYTHONIOENCODING": "utf-8"}
+    code = f"from vllm_rocm_asm_decode.tools.cli import main; raise SystemExit(main({argv!r}))"
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, env=env, cwd=tmp_path, timeout=120
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert b"Traceback" not in proc.stderr and proc.stderr.count(b"\n") == 1, proc.stderr
+    assert b"bad\xff" in proc.stderr
+
+
+def test_stdout_under_a_utf8_locale_writes_such_a_path_back_as_its_bytes():
+    import io
+
+    from vllm_rocm_asm_decode.tools import cli
+
+    raw = io.BytesIO()
+    out = io.TextIOWrapper(raw, encoding="utf-8", errors="strict")
+    cli._keep_unencodable_text(out)
+    out.write("tree bad\udcffup written, \u00e9 kept\n")
+    out.flush()
+    assert raw.getvalue() == b"tree bad\xffup written, \xc3\xa9 kept\n"

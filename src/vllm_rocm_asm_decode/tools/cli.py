@@ -782,10 +782,12 @@ codecs.register_error("vllm_rocm_asm_decode", _as_given)
 
 
 def _keep_unencodable_text(*streams) -> None:
-    """A file name of bytes that are not UTF-8 is printed, not a UnicodeEncodeError
-    (Python writes stdout strictly under a UTF-8 locale)."""
+    """A file name of bytes that are not UTF-8 is printed as given, not a
+    UnicodeEncodeError (Python writes stdout strictly under a UTF-8 locale) nor
+    ``\\udcff`` (stderr's escapes)."""
     for stream in streams:
-        if getattr(stream, "errors", None) == "strict" and hasattr(stream, "reconfigure"):
+        errors = getattr(stream, "errors", None)
+        if errors in ("strict", "backslashreplace") and hasattr(stream, "reconfigure"):
             with contextlib.suppress(AttributeError, ValueError, OSError):
                 stream.reconfigure(errors="vllm_rocm_asm_decode")
 
