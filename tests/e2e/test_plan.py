@@ -64,27 +64,37 @@ def test_batches_cover_vllms_capture_sizes_up_to_512():
     assert sizes[:4] == [1, 2, 4, 8] and sizes[-1] == 512 and 256 in sizes and 264 not in sizes
 
 
-def test_scale_table_share_is_what_the_backend_allocates(tmp_path, monkeypatch):
+@pytest.mark.parametrize("label", ["unquantized", "fp8-at-1.0", "per-layer"])
+def test_scale_table_share_is_what_the_backend_allocates(tmp_path, label):
     """plan's figures against the bytes the real backend allocates (on the CPU: in full)
-    for a model of the same shape (40 layers, 40/8 heads), for fixed scales and for
-    per-layer checkpoint scales."""
+    for a model of the same shape (40 layers, 40/8 heads): a bf16 checkpoint (one K and
+    one V table for all), an fp8 one without KV scales (its layers load scales, so each
+    gets tables of its own at 1.0), and per-layer calibrated scales."""
+    from vllm_rocm_asm_decode.tools.choices import PRESETS_DIR
+
     per_layer = [(0.5 + i / 128, 0.25 + i / 128) for i in range(40)]
-    for label in ("none", "per-layer"):
-        model = harness.build_model(tmp_path / label, num_layers=40, num_blocks=40)
-        if label == "per-layer":
-            for layer, (k, v) in zip(model.layers.values(), per_layer, strict=True):
-                harness.load_checkpoint_scales(layer, k, v)
-        model.builder.build(0, harness.make_batch(model, [20] * 16).common)
-        tables = [t.tensor for t in model.builder.asm_bindings.tables.tables()]
-        allocated = sum(t.numel() * t.element_size() for t in tables)
-        kv = sum(layer.kv_cache.numel() for layer in model.layers.values())  # fp8: 1 byte
-        if label == "none":
-            plan = make_plan(gpu="mi355x")  # the qwen3-14b preset: 40 layers, 40/8 heads
-        else:
-            plan = make_plan(model=write_checkpoint(tmp_path / "ckpt", per_layer, layers=40))
-        assert plan.scale_tables == len(tables), label
-        assert plan.scale_table_fraction == pytest.approx(allocated / kv), label
-        assert plan.scale_table_aliased_bytes == len(tables) * 2 * 1024**2
+    model = harness.build_model(tmp_path / "built", num_layers=40, num_blocks=40)
+    if label != "unquantized":
+        scales = per_layer if label == "per-layer" else [(1.0, 1.0)] * 40
+        for layer, (k, v) in zip(model.layers.values(), scales, strict=True):
+            harness.load_checkpoint_scales(layer, k, v)
+    model.builder.build(0, harness.make_batch(model, [20] * 16).common)
+    tables = [t.tensor for t in model.builder.asm_bindings.tables.tables()]
+    allocated = sum(t.numel() * t.element_size() for t in tables)
+    kv = sum(layer.kv_cache.numel() for layer in model.layers.values())  # fp8: 1 byte
+    if label == "per-layer":
+        plan = make_plan(model=write_checkpoint(tmp_path / "ckpt", per_layer, layers=40))
+    else:  # the qwen3-14b-fp8 preset (40 layers, 40/8 heads), with its fp8 config or not
+        config = json.loads((PRESETS_DIR / "qwen3-14b-fp8" / "config.json").read_text())
+        if label == "unquantized":
+            del config["quantization_config"]
+        (tmp_path / "preset").mkdir()
+        (tmp_path / "preset" / "config.json").write_text(json.dumps(config))
+        plan = make_plan(model=str(tmp_path / "preset"), gpu="mi355x")
+    assert len(tables) == {"unquantized": 2, "fp8-at-1.0": 80, "per-layer": 80}[label]
+    assert plan.scale_tables == len(tables)
+    assert plan.scale_table_fraction == pytest.approx(allocated / kv)
+    assert plan.scale_table_aliased_bytes == len(tables) * 2 * 1024**2
 
 
 @pytest.mark.parametrize(
@@ -98,10 +108,10 @@ def test_scale_table_share_is_what_the_backend_allocates(tmp_path, monkeypatch):
     ids=["e5m2", "bf16-cache", "block32", "fp32"],
 )
 def test_ineligible_configs_print_their_reasons(kwargs, reason, capsys):
-    plan = make_plan(gpu="mi355x", **kwargs)
+    plan = make_plan(model="qwen3-8b", gpu="mi355x", **kwargs)  # fp8 weights refuse fp32
     assert not plan.eligible and any(reason in r for r in plan.reasons)
     assert all(b["kernel"] == "hip" for b in plan.batches)
-    args = ["plan", "--gpu", "mi355x"]
+    args = ["plan", "--model", "qwen3-8b", "--gpu", "mi355x"]
     for k, v in kwargs.items():
         args += [f"--{k.replace('_', '-')}", str(v)]
     assert main(args) == 0
@@ -280,7 +290,8 @@ def write_checkpoint(path, scales, *, quantized=True, layers=6):
     """A config.json and a safetensors file with per-layer KV scales beside a weight."""
     from safetensors.torch import save_file
 
-    extra = {"quantization_config": {"quant_method": "fp8"}} if quantized else {}
+    fp8 = {"quant_method": "fp8", "activation_scheme": "dynamic"}
+    extra = {"quantization_config": fp8} if quantized else {}
     harness.write_model_dir(path, num_heads=32, num_kv_heads=8, num_layers=layers, extra=extra)
     tensors = {"model.embed_tokens.weight": torch.zeros(16, 8)}
     for i, (k, v) in enumerate(scales):
@@ -309,9 +320,13 @@ def test_equal_checkpoint_scales_still_own_their_tables(tmp_path):
     assert plan.scale_table_aliased_bytes == 12 * 2 * 1024**2
 
 
-def test_checkpoint_without_scales_and_unquantized_checkpoints_use_one_k_and_one_v(tmp_path):
+def test_a_quantized_checkpoint_without_scales_owns_tables_an_unquantized_one_shares(tmp_path):
+    """vLLM gives a quantized checkpoint's layers a KV-cache method even where the
+    checkpoint holds no scales (they stay 1.0 until a reload brings some): the backend
+    gives each its own K and V table, as for calibrated scales. An unquantized
+    checkpoint's layers share one K and one V table."""
     none = make_plan(model=write_checkpoint(tmp_path / "a", []), gpu="mi355x")
-    assert none.kv_scales == "1.0 (none in the checkpoint)" and none.scale_tables == 2
+    assert none.kv_scales == "1.0 (none in the checkpoint)" and none.scale_tables == 2 * 6
     scales = [(0.5 + i / 64, 0.25) for i in range(6)]
     unused = make_plan(model=write_checkpoint(tmp_path / "b", scales, quantized=False))
     assert unused.scale_tables == 2 and "no quantization_config" in unused.kv_scales

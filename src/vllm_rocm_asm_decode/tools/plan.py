@@ -419,6 +419,32 @@ def table_count(
     return budget.tables, budget.bytes
 
 
+def layers_load_kv_scales(model_config, label: str) -> bool:
+    """Whether vLLM gives this model's attention layers a KV-cache quantization method
+    (every fp8 checkpoint's layers have one), asked of vLLM's own quantization config:
+    the backend then gives each eligible layer tables of its own, whatever the scales
+    (``asm_scale_tables.checkpoint_scales``)."""
+    if model_config.quantization is None:
+        return False
+    from vllm.config import LoadConfig, VllmConfig
+    from vllm.model_executor.layers.attention import Attention
+    from vllm.model_executor.layers.quantization.kv_cache import BaseKVCacheMethod
+
+    try:
+        with _one_voice():
+            quant_config = VllmConfig.get_quantization_config(model_config, LoadConfig())
+    except Exception as exc:  # vLLM's own refusal of the checkpoint's quantization
+        raise PlanError(f"vLLM refuses {label}'s quantization: {_what_is_wrong(exc)}") from exc
+    if quant_config is None:
+        return False
+    layer = Attention.__new__(Attention)  # what quant configs test with isinstance
+    try:
+        method = quant_config.get_quant_method(layer, prefix="model.layers.0.self_attn.attn")
+    except Exception:  # a method that reads the layer further: count tables as owned
+        return True
+    return isinstance(method, BaseKVCacheMethod)
+
+
 def kv_cache_bytes_per_block(layers: list[PlanLayer]) -> int:
     """Bytes of one block of every layer's K and V."""
     return sum(layer.page_bytes for layer in layers)
@@ -620,7 +646,7 @@ def make_plan(
     if cut != default_cut(the_gpu.compute_units):
         notes.append(f"cut {describe_cut(the_gpu.compute_units, settings.cut_source())}")
     tables, table_bytes_per_block = table_count(
-        layers, eligible, scales, scales_source == "checkpoint"
+        layers, eligible, scales, layers_load_kv_scales(model_config, label)
     )
     skew = settings.skew_override()
     skew = ASM_SKEW_RATIO if skew is None else skew
