@@ -490,3 +490,25 @@ def test_a_safetensors_name_that_is_a_directory_says_so(tmp_path):
         read_kv_scales(tmp_path)
     message = str(info.value)
     assert message == f"{tmp_path / 'model.safetensors'} is a directory, not a safetensors file"
+
+
+def test_a_fifo_named_like_a_safetensors_file_is_refused_not_read(tmp_path):
+    import os
+
+    os.mkfifo(tmp_path / "model.safetensors")
+    with pytest.raises(CheckpointError, match=r"model\.safetensors is not a regular file"):
+        read_kv_scales(tmp_path)
+
+
+def test_a_scale_of_ten_million_elements_is_checked_in_one_pass(tmp_path):
+    """Every element is checked (one NaN among ten million is found), without a Python
+    loop over them (that took minutes)."""
+    import time
+
+    big = torch.ones(10_000_000)
+    big[7_654_321] = float("nan")
+    write(tmp_path / "model.safetensors", {"model.layers.0.self_attn.k_scale": big})
+    began = time.monotonic()
+    with pytest.raises(CheckpointError, match=r"k_scale holds nan"):
+        read_kv_scales(tmp_path)
+    assert time.monotonic() - began < 10

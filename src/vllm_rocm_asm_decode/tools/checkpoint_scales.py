@@ -30,7 +30,6 @@ What the numbers mean (vLLM 0.33):
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -142,6 +141,8 @@ def _files_to_open(model_dir: Path) -> dict[Path, list[str] | None]:
         for path in found:
             if path.is_dir():
                 raise CheckpointError(f"{path} is a directory, not a safetensors file")
+            if not path.is_file():  # a FIFO would never end a read
+                raise CheckpointError(f"{path} is not a regular file")
         return dict.fromkeys(found)
     try:
         weight_map = json.loads(index.read_text())["weight_map"]
@@ -206,11 +207,11 @@ def read_kv_scales(model_dir: Path) -> KvScales | None:
             if tensor.numel() == 0:
                 raise CheckpointError(f"{path}: KV scale {name} is empty")
             flat = tensor.float().flatten()
-            bad = [float(x) for x in flat if not (math.isfinite(float(x)) and float(x) > 0)]
-            if bad:
+            bad = flat[~(flat.isfinite() & (flat > 0))]  # one pass, however large
+            if bad.numel():
                 raise CheckpointError(
-                    f"{path}: KV scale {name} holds {bad[0]}; a KV scale must be a finite "
-                    "number above 0"
+                    f"{path}: KV scale {name} holds {float(bad[0])}; a KV scale must be a "
+                    "finite number above 0"
                 )
             if tensor.numel() > 1:
                 per_head.append((name, tuple(tensor.shape)))
