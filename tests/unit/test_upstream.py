@@ -5,11 +5,14 @@ version file), anchored on names, all or nothing, idempotent, refused for other 
 from __future__ import annotations
 
 import ast
+import fcntl
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
+import threading
 import time
 from importlib.util import find_spec
 from pathlib import Path
@@ -175,16 +178,65 @@ def test_file_modes_are_kept_and_new_files_get_the_umasks(tree):
         assert (tree / new).stat().st_mode & 0o777 == plain.stat().st_mode & 0o777
 
 
-def test_a_symlink_into_an_installed_vllm_is_refused(tree, tmp_path, capsys):
+@pytest.mark.parametrize(
+    "link", ["vllm", "vllm/v1/attention", "vllm/v1/attention/backends"], ids=str
+)
+def test_a_symlink_into_an_installed_vllm_is_refused(tree, tmp_path, capsys, link):
+    """A symlink at ``vllm/`` or at any directory further down into a site-packages."""
     site = tmp_path / "site-packages"
-    site.mkdir()
-    (tree / "vllm").rename(site / "vllm")
+    (site / link).parent.mkdir(parents=True)
+    (tree / link).rename(site / link)
     (site / "vllm-0.33.0.dist-info").mkdir()
-    (tree / "vllm").symlink_to(site / "vllm")
+    (tree / link).symlink_to(site / link)
     before = snapshot(site)
-    code, _, err = run(capsys, str(tree))
-    assert code == 2 and "holds an installed vLLM" in err and "dist-info" in err
+    for argv in ((str(tree),), (str(tree), "--check")):
+        code, _, err = run(capsys, *argv)
+        assert code == 2 and "reaches an installed vLLM" in err and "dist-info" in err, err
     assert snapshot(site) == before
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dangling-symlink"])
+@pytest.mark.parametrize("rel", [upstream.ROCM_ATTN, upstream.KERNEL_TEST], ids=["edited", "new"])
+def test_a_path_that_is_not_a_regular_file_is_refused(tree, capsys, kind, rel):
+    (tree / rel).parent.mkdir(parents=True, exist_ok=True)
+    (tree / rel).unlink(missing_ok=True)
+    if kind == "fifo":
+        os.mkfifo(tree / rel)
+        why = "is not a regular file (a FIFO"
+    else:
+        (tree / rel).symlink_to(tree / "nowhere.py")
+        why = f"is a dangling symlink (to {tree / 'nowhere.py'})"
+    for argv in ((str(tree),), (str(tree), "--check")):
+        code, out, err = run(capsys, *argv)
+        assert code == 2 and out == "" and err.count("\n") == 1, err
+        assert f"{tree / rel} {why}" in err, err
+    assert (tree / rel).is_symlink() or stat.S_ISFIFO((tree / rel).lstat().st_mode)
+
+
+def test_a_byte_order_mark_is_named_with_its_path(tree, capsys):
+    path = tree / upstream.ROCM_ATTN
+    path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes())
+    for argv in ((str(tree),), (str(tree), "--check")):
+        code, _, err = run(capsys, *argv)
+        assert code == 2 and f"{path} starts with a byte-order mark" in err, err
+
+
+def test_a_run_waits_for_another_on_the_same_tree_then_is_refused(tree, capsys, monkeypatch):
+    """Another run's lock held on DIR (flock, as that run holds it): the run waits
+    ``LOCK_WAIT_S``, then stops in one line, writing nothing."""
+    monkeypatch.setattr(upstream, "LOCK_WAIT_S", 0.3)
+    before = snapshot(tree)
+    fd = os.open(tree, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        started = time.monotonic()
+        code, out, err = run(capsys, str(tree))
+        waited = time.monotonic() - started
+    finally:
+        os.close(fd)
+    assert code == 2 and out == "" and "another upstream run has been writing" in err, err
+    assert waited >= 0.3 and snapshot(tree) == before
+    assert run(capsys, str(tree))[0] == 0  # the lock gone, the run goes
 
 
 def test_a_symlinked_file_is_replaced_not_written_through(tree, tmp_path):
@@ -222,7 +274,7 @@ def test_another_version_of_the_change_is_refused_not_stacked(tree, capsys, old,
     before = snapshot(tree)
     code, _, err = run(capsys, str(tree))
     assert code == 2 and f"another version of this change is in {where}" in err, err
-    assert f"git checkout -- {upstream.ROCM_ATTN}" in err and snapshot(tree) == before
+    assert f"git -C {tree} checkout -- {upstream.ROCM_ATTN}" in err and snapshot(tree) == before
 
 
 @pytest.mark.parametrize(
@@ -536,10 +588,37 @@ def test_the_git_hint_only_for_a_git_checkout(tree, capsys):
     assert code == 0 and hint.startswith("next: git add -A && pre-commit run")
 
 
+def test_a_run_that_read_the_tree_keeps_the_next_run_out_until_it_has_written(tree, monkeypatch):
+    """Run B (stage 1) has read the stock files and is about to write when run A (stage
+    3) starts. Unlocked, A writes stage 3 and B then puts its stage-1 ``rocm_attn.py``
+    over A's: a tree of two stages. Locked, A waits for B and stacks stage 3 on it."""
+    reference = stock_tree(tree.parent / "reference")
+    upstream.apply(reference, 3)
+    read, a_done = threading.Event(), threading.Event()
+    real_plan = upstream._plan
+
+    def plan(root, stage):
+        files = real_plan(root, stage)
+        if threading.current_thread().name == "run-b":
+            read.set()
+            a_done.wait(timeout=1.0)  # A, if it is not kept out, writes meanwhile
+        return files
+
+    monkeypatch.setattr(upstream, "_plan", plan)
+    b = threading.Thread(target=upstream.apply, args=(tree, 1), name="run-b")
+    b.start()
+    assert read.wait(timeout=30)
+    upstream.apply(tree, 3)
+    a_done.set()
+    b.join(timeout=30)
+    assert snapshot(tree) == snapshot(reference)
+
+
 @pytest.mark.slow
 def test_runs_at_once_on_one_tree_all_succeed_and_agree(tree):
-    """Three processes writing into one tree at the same time (each stages files of its
-    own), as three shells would."""
+    """Three processes writing into one tree at the same time, as three shells would,
+    one of them stage 1 only: they take turns, so the tree ends as stage 3 whichever
+    goes first."""
     reference = stock_tree(tree.parent / "reference")
     upstream.apply(reference, 3)
     go = tree.parent / "go"
@@ -550,15 +629,15 @@ def test_runs_at_once_on_one_tree_all_succeed_and_agree(tree):
         "from vllm_rocm_asm_decode.tools.cli import main\n"
         "while not Path(sys.argv[1]).exists():\n"
         "    time.sleep(0.001)\n"
-        "sys.exit(main(['upstream', sys.argv[2], '--stage', '3']))\n"
+        "sys.exit(main(['upstream', sys.argv[2], '--stage', sys.argv[3]]))\n"
     )
     runs = [
         subprocess.Popen(
-            [sys.executable, "-c", code, str(go), str(tree)],
+            [sys.executable, "-c", code, str(go), str(tree), stage],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
         )
-        for _ in range(3)
+        for stage in ("1", "3", "3")
     ]
     time.sleep(1.0)
     go.touch()
@@ -694,8 +773,8 @@ def test_a_tree_with_part_of_a_stage_is_refused_not_stacked(tree, capsys, case):
     for argv in ((str(tree), "--stage", stage), (str(tree), "--stage", stage, "--check")):
         code, out, err = run(capsys, *argv)
         assert code == 2 and out == "" and err.count("\n") == 1, err
-        assert err.startswith(f"vllm-rocm-asm-decode upstream: error: {rel}: {message}"), err
-        assert f"git checkout -- {rel}" in err
+        assert err.startswith(f"vllm-rocm-asm-decode upstream: error: {tree / rel}: {message}"), err
+        assert f"git -C {tree} checkout -- {rel}" in err
     assert snapshot(tree) == before
 
 

@@ -24,9 +24,10 @@ No copy of vLLM's files is stored here: each edit finds its place by name (a cla
 when it has moved. An edit already made is left alone, so a second run changes nothing;
 a file carrying another version of an edit, or part of a stage, is refused, and so is a
 file of the user's where a new file goes. Writing is all or nothing, Ctrl-C included;
-a file's CRLF line endings are kept. Trees other than vLLM 0.33.x are refused, and so
-is an installed ``site-packages``. ``--check`` applies the change to a temporary copy
-and prints what it would change. Everything is written before anything is printed.
+a file's CRLF line endings are kept; runs on one tree take turns. Trees other than vLLM
+0.33.x are refused, and so is an installed ``site-packages``, through symlinks too.
+``--check`` applies the change to a temporary copy and prints what it would change.
+Everything is written before anything is printed.
 Exit status: 0 written, or nothing to do; 1 ``--check`` found changes; 2 an error; 130
 interrupted (the message says whether the tree was written); 141 the reader of stdout
 went away.
@@ -36,7 +37,9 @@ from __future__ import annotations
 
 import ast
 import atexit
+import contextlib
 import difflib
+import fcntl
 import functools
 import os
 import re
@@ -45,7 +48,9 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType, TracebackType
@@ -115,6 +120,11 @@ def _read_lf(path: Path) -> tuple[str, str]:
         raise UpstreamError(f"{path} is not UTF-8 text (byte {exc.start})") from None
     except OSError as exc:
         raise UpstreamError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if raw.startswith("\ufeff"):
+        raise UpstreamError(
+            f"{path} starts with a byte-order mark (U+FEFF), which vLLM's files do not; "
+            "remove it (git checkout -- the file) and run again; nothing written"
+        )
     if "\r" not in raw:
         return raw, raw
     if raw.count("\r\n") == raw.count("\r") == raw.count("\n"):
@@ -177,6 +187,8 @@ def _not_a_tree(root: Path, rel: Path) -> str:
     here = root / rel
     if here.is_dir():
         return f"{here} is a directory, not vLLM's file"
+    if odd := _not_regular(here):
+        return odd
     inside = Path(*rel.parts[1:])
     if (root / inside).is_file() and rel.parts[0] == "vllm":
         if any(root.resolve().parent.glob("vllm-*.dist-info")):
@@ -191,9 +203,37 @@ def _not_a_tree(root: Path, rel: Path) -> str:
     return f"{root} is not a vLLM source tree (no {rel})"
 
 
-def check_tree(root: Path) -> str:
+def _not_regular(path: Path) -> str | None:
+    """Why ``path``, there (a FIFO, a device, a socket, a dangling symlink), is not a
+    regular file to read or replace; None when it is one or is not there at all."""
+    if path.is_file() or not (path.is_symlink() or path.exists()):
+        return None
+    if path.is_symlink() and not path.exists():
+        return f"{path} is a dangling symlink (to {os.readlink(path)}), not a file"
+    return f"{path} is not a regular file (a FIFO, a device or a socket)"
+
+
+def _installed_under(root: Path, rels: tuple[Path, ...]) -> Path | None:
+    """The ``vllm-*.dist-info`` of an installed vLLM that writing ``rels`` into ``root``
+    would reach through a symlink (``root`` itself, ``vllm/``, or any directory on the
+    way), else None: every directory a file goes into is resolved, and each of its
+    ancestors looked at."""
+    looked: set[Path] = set()
+    for rel in rels:
+        directory = next(p for p in (root / rel).parents if p.exists())
+        for home in [directory.resolve(), *directory.resolve().parents]:
+            if home in looked:
+                continue
+            looked.add(home)
+            if found := sorted(home.glob("vllm-*.dist-info")):
+                return found[0]
+    return None
+
+
+def check_tree(root: Path, stage: int = DEFAULT_STAGE) -> str:
     """The tree's vLLM version; raises :class:`UpstreamError` unless it is 0.33.x (and
-    not an installed vLLM, through a symlink or not)."""
+    none of the files stages 1..``stage`` write is in an installed vLLM, through a
+    symlink or not)."""
     try:
         if not root.exists():
             raise UpstreamError(f"{root} does not exist")
@@ -201,13 +241,12 @@ def check_tree(root: Path) -> str:
             raise UpstreamError(f"{root} is not a directory")
         if not (root / ROCM_ATTN).is_file():
             raise UpstreamError(_not_a_tree(root, ROCM_ATTN))
-        homes = {root.resolve(), (root / "vllm").resolve().parent}
-        installed = sorted(p for home in homes for p in home.glob("vllm-*.dist-info"))
+        installed = _installed_under(root, written(stage))
     except OSError as exc:
         raise UpstreamError(f"cannot read {exc.filename or root}: {exc.strerror}") from None
     if installed:
         raise UpstreamError(
-            f"{root} holds an installed vLLM ({installed[0]}); write into a git "
+            f"{root} reaches an installed vLLM ({installed}); write into a git "
             "checkout, or into a copy of its vllm/ directory elsewhere"
         )
     version, source = tree_version(root)
@@ -266,7 +305,7 @@ def _plan(root: Path, stage: int) -> dict[Path, tuple[str | None, str]]:
                 if not path.is_file():
                     raise UpstreamError(_not_a_tree(root, rel))
                 text, raw = _read_lf(path)
-                sources[rel] = (Source(rel, text), raw)
+                sources[rel] = (Source(rel, text, root), raw)
             src = sources[rel][0]
             before = src.text
             src.begin()
@@ -296,7 +335,7 @@ def _refuse_part_of_a_stage(src: Source, stage: int, before: str) -> None:
     """Refuse a file that carried part of stage ``stage`` before its edits ran: some of
     them found their text in place while others added theirs, or an edit added a name
     the file already defined (a line of the stage left over from a hand edit)."""
-    again = f"start from vLLM's own file (git checkout -- {src.path}) and run again"
+    again = f"start from vLLM's own file ({src.restore}) and run again"
     if src.found and src.added:
         missing = ", ".join(dict.fromkeys(src.added))
         raise UpstreamError(
@@ -361,7 +400,12 @@ def apply(
     once that is done. A symlinked file is replaced by a file of its own, never written
     through.
     """
-    check_tree(root)
+    check_tree(root, stage)
+    with _one_run_at_a_time(root):
+        return _apply(root, stage, written)
+
+
+def _apply(root: Path, stage: int, written: list[FileChange] | None) -> list[FileChange]:
     files = _plan(root, stage)
     for rel in files:
         _check_way(root, rel)
@@ -420,6 +464,44 @@ def apply(
     return changes
 
 
+#: How long a run waits for another run on the same tree to finish (runs take about a
+#: second) before it is refused.
+LOCK_WAIT_S = 30.0
+
+
+@contextlib.contextmanager
+def _one_run_at_a_time(root: Path, reading: bool = False) -> Iterator[None]:
+    """Hold a lock on the directory ``root`` (``flock``: released when the process
+    ends, however it ends) for one run's writing, or shared for a ``--check``'s reading,
+    so that runs on one tree take turns instead of interleaving their files. A run waits
+    up to :data:`LOCK_WAIT_S` for another to finish, then is refused. Where the file
+    system has no such locks, runs go unlocked."""
+    try:
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        yield
+        return
+    try:
+        kind = (fcntl.LOCK_SH if reading else fcntl.LOCK_EX) | fcntl.LOCK_NB
+        deadline = time.monotonic() + LOCK_WAIT_S
+        while True:
+            try:
+                fcntl.flock(fd, kind)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise UpstreamError(
+                        f"another upstream run has been writing {root} for "
+                        f"{LOCK_WAIT_S:g} s; run again once it is done; nothing written"
+                    ) from None
+                time.sleep(0.05)
+            except OSError:
+                break
+        yield
+    finally:
+        os.close(fd)
+
+
 class _HeldInterrupt:
     """Ctrl-C held back for the block (files moved into place, or put back): a SIGINT
     meanwhile is delivered again, as it came, once the block is over, unless the block
@@ -471,6 +553,8 @@ def _check_way(root: Path, rel: Path) -> None:
         if here.exists() and here.is_dir() != should_be_dir:
             kind = "a directory" if should_be_dir else "a file"
             raise UpstreamError(f"{here} is in the way (it should be {kind}); nothing written")
+    if odd := _not_regular(root / rel):
+        raise UpstreamError(f"{odd}, where this change writes one; move it aside; nothing written")
 
 
 def _make_parents(path: Path) -> list[Path]:
@@ -509,10 +593,13 @@ def _undo(staged: list[tuple[Path, Path, str | None]], done: int, made: list[Pat
 
 def check(root: Path, stage: int = DEFAULT_STAGE) -> list[FileChange]:
     """Apply stages 1..``stage`` to a temporary copy of what they touch in ``root``."""
-    version = check_tree(root)
+    version = check_tree(root, stage)
     for rel in written(stage):
         _check_way(root, rel)
-    with tempfile.TemporaryDirectory(prefix="vllm-upstream-check-") as tmp:
+    with (
+        _one_run_at_a_time(root, reading=True),
+        tempfile.TemporaryDirectory(prefix="vllm-upstream-check-") as tmp,
+    ):
         copy = Path(tmp)
         try:
             for rel in written(stage):

@@ -89,8 +89,15 @@ def _parse(text: str) -> ast.Module:
 class Source:
     """One file's text with AST-located edits."""
 
-    def __init__(self, path: Path, text: str) -> None:
-        self.path = path
+    def __init__(self, path: Path, text: str, root: Path | None = None) -> None:
+        #: The file as errors name it: ``root / path`` when the tree's ``root`` is given.
+        self.path = path if root is None else root / path
+        #: The command that puts vLLM's own file back.
+        self.restore = (
+            f"git checkout -- {path}"
+            if root is None or root == Path(".")
+            else f"git -C {root} checkout -- {path}"
+        )
         self.text = text
         self._parsed: tuple[str, ast.Module] | None = None
         #: What the edits since :meth:`begin` found in place and what they added, by
@@ -138,7 +145,7 @@ class Source:
         if marker in scope_text:
             raise UpstreamError(
                 f"{self.path}: another version of this change is in {where}; "
-                f"start from vLLM's own file (git checkout -- {self.path})"
+                f"start from vLLM's own file ({self.restore})"
             )
         self.added.append(where)
         return False
