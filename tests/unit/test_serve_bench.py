@@ -42,6 +42,46 @@ def config(tmp_path, **kw) -> sb.ServeConfig:
     return sb.ServeConfig(**base)
 
 
+@pytest.fixture(scope="module")
+def vllm_serve_parser():
+    """vLLM 0.33's own ``vllm serve`` argument parser."""
+    from vllm.entrypoints.common.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    return make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
+
+
+def test_every_way_vllm_reads_an_owned_option_is_refused(vllm_serve_parser, capsys):
+    """Each prefix of a harness-owned option, dashed or with underscores, parsed by vLLM's
+    real ``vllm serve`` parser: wherever vLLM sets the owned option from it,
+    ``owned_serve_option`` names that option; no vLLM option is a prefix of one."""
+    parser = vllm_serve_parser
+    actions = {o: a for a in parser._actions for o in a.option_strings}
+    values = {"--kv-cache-dtype": "fp8", "--gpu-memory-utilization": "0.5"}
+    default = vars(parser.parse_args([]))
+    refused = 0
+    for owned in sb.OWNED_SERVE_OPTIONS:
+        assert not [o for o in actions if owned.startswith(o) and o != owned]
+        dest, value = actions[owned].dest, values.get(owned, "7")
+        first = 3 if owned.startswith("--") else 2
+        for said in {
+            spelling
+            for n in range(first, len(owned) + 1)
+            for spelling in (owned[:n], owned[:2] + owned[2:n].replace("-", "_"))
+        }:
+            try:
+                parsed = vars(parser.parse_args([f"{said}={value}"]))
+            except SystemExit:  # ambiguous, or not an option: vLLM stops, sets nothing
+                continue
+            if parsed[dest] != default[dest]:
+                assert sb.owned_serve_option(f"{said}={value}") == owned, said
+                refused += 1
+    capsys.readouterr()
+    assert refused >= 40  # the abbreviations vLLM takes: --po, --max-model, -t, ...
+    for theirs in ("--kv-cache-dtype-skip-layers", "--max-num-seqs", "--enforce-eager", "-O3"):
+        assert sb.owned_serve_option(theirs) is None, theirs
+
+
 def test_serve_command_has_the_seeds_defaults():
     cfg = sb.ServeConfig(model="m", tensor_parallel_size=2, port=8123, serve_args=("--seed", "1"))
     cmd = sb.serve_command(cfg)

@@ -76,11 +76,18 @@ OWNED_SERVE_OPTIONS = {
 
 
 def owned_serve_option(arg: str) -> str | None:
-    """The harness-owned ``vllm serve`` option ``arg`` sets, if it sets one (vLLM
-    reads ``--a_b`` as ``--a-b``, and ``--a=v`` as ``--a v``)."""
+    """The harness-owned ``vllm serve`` option ``arg`` sets, if it may set one. vLLM
+    reads ``--a_b`` as ``--a-b`` and ``--a=v`` as ``--a v``, and its parser (argparse,
+    abbreviations allowed) takes a prefix of an option for the option: ``--po`` or
+    ``--max-model`` may set ``--port`` or ``--max-model-len``, ``-t`` sets ``-tp``. No
+    ``vllm serve`` option of 0.33 is itself a prefix of one of these."""
     head = arg.strip().split("=", 1)[0].split()[0] if arg.strip() else ""
     name = head if not head.startswith("--") else "--" + head[2:].replace("_", "-")
-    return name if name in OWNED_SERVE_OPTIONS else None
+    if name in OWNED_SERVE_OPTIONS:
+        return name
+    if not re.fullmatch(r"--[^-].*|-[^-]", name):
+        return None
+    return next((o for o in OWNED_SERVE_OPTIONS if o.startswith(name)), None)
 
 
 def sharegpt_problem(path: Path) -> str | None:
@@ -185,8 +192,10 @@ class ServeConfig:
             owned = owned_serve_option(arg)
             if owned is not None:
                 ours = OWNED_SERVE_OPTIONS[owned]
+                said = arg.strip().split("=", 1)[0].split()[0]
+                read = "" if said.replace("_", "-") == owned else f"vLLM may read it as {owned}; "
                 raise ValueError(
-                    f"--serve-arg {arg}: bench serve sets {owned} itself"
+                    f"--serve-arg {arg}: {read}bench serve sets {owned} itself"
                     + (f"; use bench serve's {ours}" if ours else " (both arms need it)")
                 )
         if len(self.concurrencies) != len(self.num_prompts):
@@ -196,6 +205,12 @@ class ServeConfig:
             )
         if self.repeats < 1:
             raise ValueError("--repeats must be at least 1")
+        if self.dataset == "random" and self.input_len + self.output_len > self.max_model_len:
+            raise ValueError(
+                f"--max-model-len {self.max_model_len} is below a request's --input-len "
+                f"{self.input_len} + --output-len {self.output_len} tokens: vLLM would "
+                "refuse every request; raise it or shorten the requests"
+            )
 
 
 def arm_order(baseline: str, repeats: int) -> Iterator[tuple[int, str]]:
