@@ -177,3 +177,32 @@ def test_accuracy_json_path_is_checked_before_the_run(where, tmp_path, capsys):
     err = captured.err.strip().splitlines()
     assert len(err) == 1 and f"--json {path}:" in err[0]
     assert captured.out == ""  # nothing ran
+
+
+def skew_timings(ratios: dict[int, tuple[float, float]]) -> list[kb.SkewTiming]:
+    return [kb.SkewTiming(40, 8, 1024, 127, long, hip, asm) for long, (hip, asm) in ratios.items()]
+
+
+def test_the_skew_crossover_and_the_ratio_it_suggests():
+    t = skew_timings({2048: (70.0, 60.0), 4096: (72.0, 66.0), 8192: (75.0, 80.0), 16384: (80, 99)})
+    faster, slower = kb.skew_crossover(t)
+    assert (faster.long, slower.long) == (4096, 8192)
+    # head-tokens per long token: (4096 + 127 * 1024) * 8 / 4096 = 262.0 and
+    # (8192 + 127 * 1024) * 8 / 8192 = 135.0; their geometric mean 188.07
+    assert kb.suggested_skew(t) == 188
+    assert "suggested VLLM_ROCM_ASM_DECODE_SKEW=188 (built in: 67)" in kb.render_skew(t, "uhp", 67)
+    # asm faster again further out: no crossover is claimed
+    assert kb.skew_crossover(skew_timings({2048: (1, 0.5), 8192: (1, 2), 16384: (1, 0.9)})) is None
+
+
+def test_bench_kernel_skew_writes_its_plot(tmp_path, monkeypatch, capsys):
+    """--skew --plot: the PNG of the skew timings, written before the table is printed
+    (the timing itself needs an AMD GPU: stood in here)."""
+    t = skew_timings({2048: (70.0, 60.0), 8192: (75.0, 80.0)})
+    monkeypatch.setattr(kb, "rocm_gpu_problem", lambda: None)
+    monkeypatch.setattr(kb, "skew_setup", lambda args: ((40, 8), 1024, 127, [2048, 8192]))
+    monkeypatch.setattr(kb, "measure_skew", lambda heads, short, count, long, *_: t[long > 2048])
+    png = tmp_path / "skew.png"
+    assert main(["bench", "kernel", "--skew", "--plot", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "crossover: asm slower from one sequence of 8192 tokens on" in capsys.readouterr().out

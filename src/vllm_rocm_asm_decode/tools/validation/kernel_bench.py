@@ -12,7 +12,8 @@ that crossover suggests. ``--skew`` times one long sequence among many short one
 first layout; ``--seqs`` short ones, 127 by default, at the first ``--contexts`` value,
 1024 by default; the long one from 2K to 128K tokens) beside the time model's figures,
 and reports where asm becomes the slower kernel and the ``VLLM_ROCM_ASM_DECODE_SKEW``
-that crossover suggests. Needs a gfx942/gfx950 GPU with AITER; elsewhere it exits 2.
+that crossover suggests (``--plot``: µs against the long sequence's length). Needs a
+gfx942/gfx950 GPU with AITER; elsewhere it exits 2.
 """
 
 from __future__ import annotations
@@ -21,11 +22,12 @@ import argparse
 import json
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from .gpu import rocm_gpu_problem
+from .plots import plot_kernel, plot_skew
 
 PROG = "vllm-rocm-asm-decode bench kernel"
 SEED_SEQS = {(40, 8): (16, 64, 256), (32, 8): (24, 64, 256)}
@@ -348,7 +350,7 @@ def main(args: argparse.Namespace) -> int:
             "suggested_skew": suggested_skew(skews),
         }
         # The file first: a reader of stdout that has gone away must not cost it.
-        if not _write_json(args.json, data):
+        if not _write_json(args.json, data) or not _write_plot(args.plot, plot_skew, skews):
             return 1
         print(render_skew(skews, args.precision, ASM_SKEW_RATIO))
         return 0
@@ -361,19 +363,23 @@ def main(args: argparse.Namespace) -> int:
         "crossover_seqs": crossover(timings) if args.sweep else None,
         "suggested_cut": suggested_cut(timings) if args.sweep else None,
     }
-    if not _write_json(args.json, data):
+    if not _write_json(args.json, data) or not _write_plot(args.plot, plot_kernel, timings, cut):
         return 1
-    if args.plot:
-        from .plots import plot_kernel
-
-        try:
-            plot_kernel(timings, cut, args.plot)
-        except OSError as exc:
-            why = exc.strerror or exc
-            print(f"{PROG}: error: cannot write {args.plot}: {why}", file=sys.stderr)
-            return 1
     print(render(timings, args.precision, args.sweep, cut))
     return 0
+
+
+def _write_plot(path: str | None, plot: Callable[..., None], *data: object) -> bool:
+    """``plot(*data, path)`` when a path was given; False (said in one line) when the
+    file cannot be written after all."""
+    if not path:
+        return True
+    try:
+        plot(*data, path)
+    except OSError as exc:
+        print(f"{PROG}: error: cannot write {path}: {exc.strerror or exc}", file=sys.stderr)
+        return False
+    return True
 
 
 def _write_json(path: str | None, data: dict) -> bool:

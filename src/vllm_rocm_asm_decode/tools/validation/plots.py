@@ -55,3 +55,22 @@ def plot_kernel(timings: Sequence[Any], cut: int | None, path: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def plot_skew(timings: Sequence[Any], path: str) -> None:
+    """µs per call against the long sequence's length, one line per kernel."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ts = sorted(timings, key=lambda t: t.long)
+    xs = [t.long for t in ts]
+    ax.plot(xs, [t.hip_us for t in ts], "o-", label="HIP")
+    ax.plot(xs, [t.asm_us for t in ts], "s--", label="asm")
+    ax.set_xscale("log", base=2)
+    first = ts[0]
+    ax.set_xlabel(f"tokens of the one long sequence (beside {first.count} of {first.short})")
+    ax.set_ylabel("µs per impl.forward (CUDA graph)")
+    ax.set_title(f"{first.num_heads}/{first.num_kv_heads} heads")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
