@@ -4,6 +4,7 @@ rots unseen; no timing is asserted. And each uses only the package's public name
 from __future__ import annotations
 
 import ast
+import subprocess
 import sys
 from pathlib import Path
 
@@ -82,3 +83,22 @@ def _private_uses(path: Path) -> list[str]:
 @pytest.mark.parametrize("script", sorted(SMOKE))
 def test_a_benchmark_uses_only_public_names(script):
     assert _private_uses(BENCHMARKS / script) == []
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--jobs", "0"], "argument --jobs: 0: give 1 or more"),
+        (["--timeout", "0"], "argument --timeout: 0: give more than 0"),
+        (["--timeout", "nan"], "argument --timeout: nan: give more than 0"),
+        (["--only", "no-such-mutant"], "no mutant id contains 'no-such-mutant'"),
+    ],
+    ids=["jobs-0", "timeout-0", "timeout-nan", "only-nothing"],
+)
+def test_the_mutation_runs_bad_arguments_are_one_line(argv, message):
+    script = Path(__file__).resolve().parents[2] / "scripts" / "mutants.py"
+    done = subprocess.run(
+        [sys.executable, str(script), *argv], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 2 and done.stdout == "", done
+    assert done.stderr.count("\n") == 1 and message in done.stderr, done.stderr

@@ -375,7 +375,8 @@ def _add_bench_serve(bench) -> None:
         metavar="ARG",
         help="extra argument for vllm serve (repeatable; --serve-arg --enforce-eager works, "
         "as does --serve-arg=--enforce-eager); not the options bench serve sets itself "
-        "(--host, --port, --kv-cache-dtype, ...); each arm's VLLM_ROCM_ASM_DECODE and "
+        "(--host, --port, --kv-cache-dtype, ..., nor a prefix vLLM would read as one, such "
+        "as --max-model); each arm's VLLM_ROCM_ASM_DECODE and "
         "VLLM_ROCM_USE_AITER_MHA are set by bench serve, whatever the environment says",
     )
     p.add_argument(
@@ -440,7 +441,10 @@ def _add_bench_kernel(bench) -> None:
         "--json", type=choices.nonempty, metavar="PATH", help="write the raw numbers as JSON"
     )
     p.add_argument(
-        "--plot", type=choices.nonempty, metavar="PATH", help="write a PNG of µs vs sequences"
+        "--plot",
+        type=choices.nonempty,
+        metavar="PATH",
+        help="write a PNG of µs vs sequences (with --skew: vs the long sequence's tokens)",
     )
 
 
@@ -489,7 +493,8 @@ def _add_check_passkey(check) -> None:
         type=choices.seconds,
         default=600.0,
         metavar="SECONDS",
-        help=f"per request (default 600, at most {choices.MAX_SECONDS})",
+        help="each request's whole time, connect to last byte of the reply, not each read "
+        f"(default 600, at most {choices.MAX_SECONDS})",
     )
 
 
@@ -929,12 +934,16 @@ def _main(argv: list[str] | None) -> int:
 
 
 def _bench_kernel(args: argparse.Namespace) -> int:
+    from importlib.util import find_spec
+
     from .validation import kernel_bench as kb
 
     problem = None
     for option, path in (("--json", args.json), ("--plot", args.plot)):
         if path and (why := choices.unwritable(path)):
             problem = problem or f"{option} {path}: {why}"
+    if problem is None and args.plot and find_spec("matplotlib") is None:
+        problem = f"--plot {args.plot} needs matplotlib (pip install matplotlib)"
     if problem is None and args.skew and not kb.skew_setup(args)[3]:
         problem = (
             f"--skew times long sequences of up to {kb.SKEW_LONG[-1]} tokens among short "

@@ -4,20 +4,28 @@ Each prompt hides a random five-digit passkey at a random depth of filler text o
 the target length and asks for it back (greedy, 16 tokens). A prompt passes when the
 reply contains the passkey. The original change ran 24 prompts at 3K / 8K / 16K / 32K
 tokens with 30 in flight, all passing in both arms. Prompts are made as they are sent,
-so only those in flight are held.
+so only those in flight are held. ``--timeout`` is each request's whole time (connect,
+send, the reply read whole); a redirect is an error that names its target; what the
+server or the URL says is quoted with its control characters escaped.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import http.client
 import json
 import random
+import socket
+import ssl
 import sys
+import threading
+import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass
 
 PROG = "vllm-rocm-asm-decode check passkey"
@@ -59,43 +67,218 @@ class ServerError(RuntimeError):
     """The server's answer is not a completion; the message says what it said."""
 
 
+def printable(text: str) -> str:
+    """``text`` as an error line may quote it: control and other unprintable characters
+    (``\\r``, ESC, NUL, C1, bidi overrides) escaped as ``\\x1b``, ``\\u202e``; the rest of
+    Unicode as it is."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)
+
+
+class _Deadline:
+    """The wall-clock end of one request: every connect, send and read of it may take only
+    the time left, so a server that trickles a byte at a time still runs out of it."""
+
+    def __init__(self, seconds: float):
+        self.end = time.monotonic() + seconds
+
+    def left(self) -> float:
+        left = self.end - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("timed out")
+        return left
+
+
+class _Bounded:
+    """A socket whose every send and receive is bounded by its request's deadline (set
+    once it is connected; TLS's handshake is bounded by the timeout it starts with)."""
+
+    deadline: _Deadline | None = None
+
+    def _arm(self) -> None:
+        if self.deadline is not None:
+            self.settimeout(self.deadline.left())  # type: ignore[attr-defined]
+
+    def recv_into(self, *args, **kwargs):
+        self._arm()
+        return super().recv_into(*args, **kwargs)  # type: ignore[misc]
+
+    def recv(self, *args, **kwargs):
+        self._arm()
+        return super().recv(*args, **kwargs)  # type: ignore[misc]
+
+    def send(self, *args, **kwargs):
+        self._arm()
+        return super().send(*args, **kwargs)  # type: ignore[misc]
+
+    def sendall(self, *args, **kwargs):  # a plain socket's sendall: one deadline for all
+        self._arm()
+        return super().sendall(*args, **kwargs)  # type: ignore[misc]
+
+
+class _Socket(_Bounded, socket.socket):
+    pass
+
+
+class _TLSSocket(_Bounded, ssl.SSLSocket):
+    pass
+
+
+def _connect(address: tuple[str, int], deadline: _Deadline, source=None) -> _Socket:
+    """``socket.create_connection`` with each address tried in the time left."""
+    error: OSError = OSError(f"{address[0]} has no address")
+    for family, kind, proto, _, where in socket.getaddrinfo(*address, 0, socket.SOCK_STREAM):
+        sock = _Socket(family, kind, proto)
+        try:
+            sock.settimeout(deadline.left())
+            if source:
+                sock.bind(source)
+            sock.connect(where)
+            sock.settimeout(deadline.left())  # what TLS's handshake starts with
+        except TimeoutError:
+            sock.close()
+            raise
+        except OSError as exc:
+            sock.close()
+            error = exc
+            continue
+        sock.deadline = deadline
+        return sock
+    raise error
+
+
+class _Connection(http.client.HTTPConnection):
+    def __init__(self, *args, deadline: _Deadline, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._deadline = deadline
+        self._create_connection = lambda address, _timeout, source=None: _connect(
+            address, deadline, source
+        )
+
+    def connect(self) -> None:
+        super().connect()
+        if isinstance(self.sock, _TLSSocket):  # the handshake is done
+            self.sock.deadline = self._deadline
+
+
+class _TLSConnection(_Connection, http.client.HTTPSConnection):
+    pass
+
+
+@functools.cache
+def _tls_context() -> ssl.SSLContext:
+    context = ssl.create_default_context()
+    context.set_alpn_protocols(["http/1.1"])
+    context.sslsocket_class = _TLSSocket
+    return context
+
+
+class _HTTPHandler(urllib.request.HTTPHandler):
+    def __init__(self, deadline: _Deadline):
+        super().__init__()
+        self._deadline = deadline
+
+    def http_open(self, req):
+        return self.do_open(functools.partial(_Connection, deadline=self._deadline), req)
+
+
+class _HTTPSHandler(urllib.request.HTTPSHandler):
+    def __init__(self, deadline: _Deadline):
+        super().__init__()
+        self._deadline = deadline
+
+    def https_open(self, req):  # the CA certificates load on the first https request
+        connection = functools.partial(_TLSConnection, deadline=self._deadline)
+        return self.do_open(connection, req, context=_tls_context())
+
+
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """A 3xx is an error that names where it points: the prompt is not sent elsewhere
+    (urllib would resend a POST as a GET for 301-303)."""
+
+    def http_error_302(self, req, fp, code, msg, headers):
+        return None
+
+    http_error_301 = http_error_303 = http_error_307 = http_error_308 = http_error_302
+
+
+def _http_error(exc: urllib.error.HTTPError, url: str) -> str:
+    location = exc.headers.get("Location") if exc.headers is not None else None
+    if 300 <= exc.code < 400 and location:
+        try:
+            target = urllib.parse.urljoin(url, location.strip())
+        except ValueError:  # not a URL (an unclosed [IPv6 address)
+            target = location
+        return (
+            f"HTTP {exc.code}: the server redirects to {printable(target[:300])} (requests are "
+            "not redirected: give the server's own URL)"
+        )
+    try:
+        detail = exc.read(2000).decode(errors="replace")
+    except (OSError, http.client.HTTPException):  # out of time, or cut short
+        detail = ""
+    detail = " ".join(detail.split())[:300] or str(exc.reason)
+    hint = (
+        f" (no completions endpoint at {printable(url)}: is --base-url the vLLM server's?)"
+        if exc.code == 404
+        else ""
+    )
+    return f"HTTP {exc.code}: {printable(detail)}{hint}"
+
+
 def ask(base_url: str, model: str, prompt: Prompt, timeout: float) -> str:
+    """The completion of ``prompt``; ``timeout`` bounds the whole request (connect, send,
+    the reply read whole), not each read of it."""
     body = json.dumps(
         {"model": model, "prompt": prompt.text, "max_tokens": 16, "temperature": 0}
     ).encode()
     url = f"{base_url}/v1/completions"
     request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
+    deadline = _Deadline(timeout)
+    opener = urllib.request.build_opener(
+        _HTTPHandler(deadline), _HTTPSHandler(deadline), _NoRedirects
+    )
+    late = f"no answer from {printable(url)} within {timeout:g} s (--timeout)"
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
+        with opener.open(request, timeout=timeout) as response:
+            declared = response.length  # Content-Length, None when not given or chunked
             raw = response.read(MAX_REPLY_BYTES + 1)
     except urllib.error.HTTPError as exc:  # keep the server's reason (e.g. a 400's message)
-        detail = exc.read(2000).decode(errors="replace").strip().replace("\n", " ")
-        hint = (
-            f" (no completions endpoint at {url}: is --base-url the vLLM server's?)"
-            if exc.code == 404
-            else ""
-        )
-        raise ServerError(f"HTTP {exc.code}: {detail[:300] or exc.reason}{hint}") from None
+        raise ServerError(_http_error(exc, url)) from None
     except urllib.error.URLError as exc:  # the request never got an answer
         reason = exc.reason
+        if isinstance(reason, TimeoutError):
+            raise ServerError(late) from None
         why = getattr(reason, "strerror", None) or str(reason)
-        raise ServerError(f"cannot reach {url}: {why}") from None
-    except http.client.HTTPException as exc:  # not HTTP, or cut short
+        raise ServerError(f"cannot reach {printable(url)}: {printable(why)}") from None
+    except http.client.IncompleteRead as exc:  # a chunked body that stops mid-chunk
+        inner = exc.__cause__  # http.client's IncompleteRead of the chunk it was reading
+        got = len(exc.partial)
+        got += len(inner.partial) if isinstance(inner, http.client.IncompleteRead) else 0
+        raise ServerError(
+            f"the reply was cut short: its chunked body ended after {got} bytes"
+        ) from None
+    except http.client.HTTPException as exc:  # not HTTP
         raise ServerError(f"the reply is not an HTTP answer ({type(exc).__name__})") from None
     except TimeoutError:
-        raise ServerError(f"no answer from {url} within {timeout:g} s (--timeout)") from None
+        raise ServerError(late) from None
     except UnicodeError as exc:  # the URL's host cannot be encoded
-        raise ServerError(f"the URL {url} cannot be used: {exc}") from None
+        raise ServerError(
+            f"the URL {printable(url)} cannot be used: {printable(str(exc))}"
+        ) from None
     except OSError as exc:
-        raise ServerError(f"cannot reach {url}: {exc.strerror or exc}") from None
+        raise ServerError(
+            f"cannot reach {printable(url)}: {printable(exc.strerror or str(exc))}"
+        ) from None
     if len(raw) > MAX_REPLY_BYTES:
         raise ServerError(f"the reply is over {MAX_REPLY_BYTES} bytes: not a completion")
+    if declared is not None and len(raw) < declared:
+        raise ServerError(f"the reply was cut short: it ended after {len(raw)} of {declared} bytes")
     try:
         reply = json.loads(raw)
     except RecursionError:
         raise ServerError("the reply is not a completion (JSON nested too deeply)") from None
     except ValueError as exc:
-        raise ServerError(f"the reply is not JSON ({exc})") from None
+        raise ServerError(f"the reply is not JSON ({printable(str(exc))})") from None
     choices = reply.get("choices") if isinstance(reply, dict) else None
     if (
         not isinstance(choices, list)
@@ -104,10 +287,10 @@ def ask(base_url: str, model: str, prompt: Prompt, timeout: float) -> str:
         or "text" not in choices[0]
     ):
         try:
-            shown = json.dumps(reply)[:300]
+            text = printable(json.dumps(reply, ensure_ascii=False)[:300])
         except (RecursionError, ValueError):
-            shown = type(reply).__name__
-        raise ServerError(f"the reply has no completion text: {shown}")
+            text = type(reply).__name__
+        raise ServerError(f"the reply has no completion text: {text}")
     return str(choices[0]["text"])
 
 
@@ -119,11 +302,32 @@ def make_prompts(lengths: Iterable[int], count: int, seed: int) -> Iterator[Prom
             yield make_prompt(n, rng)
 
 
+def _start(work: Callable[[Prompt], tuple[int, bool]], prompt: Prompt) -> Future:
+    """``work(prompt)`` in a daemon thread of its own: a Ctrl-C or the first error ends
+    the run at once, and the interpreter's exit does not wait for requests still out
+    (``ThreadPoolExecutor``'s workers are joined at exit, whatever ``shutdown`` said)."""
+    future: Future[tuple[int, bool]] = Future()
+    future.set_running_or_notify_cancel()
+
+    def run() -> None:
+        try:
+            result = work(prompt)
+        except BaseException as exc:  # kept for the waiting thread, which raises it
+            future.set_exception(exc)
+        else:
+            future.set_result(result)
+
+    threading.Thread(target=run, name="passkey-request", daemon=True).start()
+    return future
+
+
 def score(
     prompts: Iterable[Prompt], answer: Callable[[Prompt], str], in_flight: int
 ) -> dict[int, list[int]]:
     """``[passed, sent]`` per target length, with at most ``in_flight`` requests out at
-    once and only their prompts held. The first error stops the run and is raised."""
+    once and only their prompts held. The first error stops the run and is raised, as is
+    a Ctrl-C, at once: the requests still out are left to end in their threads (each
+    within its own timeout), no new one is sent."""
     tally: dict[int, list[int]] = {}
 
     def judge(prompt: Prompt) -> tuple[int, bool]:
@@ -136,21 +340,15 @@ def score(
             tally[length][1] += 1
 
     pending: set[Future[tuple[int, bool]]] = set()
-    with ThreadPoolExecutor(max_workers=in_flight) as pool:
-        try:
-            for prompt in prompts:
-                tally.setdefault(prompt.length, [0, 0])
-                if len(pending) >= in_flight:
-                    done, pending = wait(pending, return_when=FIRST_COMPLETED)
-                    count(done)
-                pending.add(pool.submit(judge, prompt))
-            while pending:
-                done, pending = wait(pending, return_when=FIRST_COMPLETED)
-                count(done)
-        except BaseException:
-            for future in pending:
-                future.cancel()
-            raise
+    for prompt in prompts:
+        tally.setdefault(prompt.length, [0, 0])
+        if len(pending) >= in_flight:
+            done, pending = wait(pending, return_when=FIRST_COMPLETED)
+            count(done)
+        pending.add(_start(judge, prompt))
+    while pending:
+        done, pending = wait(pending, return_when=FIRST_COMPLETED)
+        count(done)
     return tally
 
 
@@ -161,7 +359,7 @@ def main(args: argparse.Namespace) -> int:
             prompts, lambda p: ask(args.base_url, args.model, p, args.timeout), args.in_flight
         )
     except ServerError as exc:
-        print(f"{PROG}: error: {args.base_url}: {exc}", file=sys.stderr)
+        print(f"{PROG}: error: {printable(args.base_url)}: {exc}", file=sys.stderr)
         return 2
     failures = 0
     print("| target tokens | passed |")
