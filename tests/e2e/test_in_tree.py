@@ -398,7 +398,7 @@ def test_the_kernel_tests_catch_a_layout_mistake(kernel_tests, tmp_path, monkeyp
 
     wrong_kernel(monkeypatch, token_major)
     with pytest.raises(AssertionError):
-        kernel_tests.test_every_admitted_gqa_ratio(tmp_path, 5, torch.bfloat16)
+        kernel_tests.test_every_admitted_gqa_ratio(tmp_path, monkeypatch, 5, torch.bfloat16)
 
 
 def test_the_kernel_tests_catch_a_scale_mistake(kernel_tests, tmp_path, monkeypatch):
@@ -408,4 +408,20 @@ def test_the_kernel_tests_catch_a_scale_mistake(kernel_tests, tmp_path, monkeypa
         monkeypatch, lambda kw: kw | {"K_QScale": kw["V_QScale"], "V_QScale": kw["K_QScale"]}
     )
     with pytest.raises(AssertionError):
-        kernel_tests.test_every_admitted_gqa_ratio(tmp_path, 5, torch.bfloat16)
+        kernel_tests.test_every_admitted_gqa_ratio(tmp_path, monkeypatch, 5, torch.bfloat16)
+
+
+def test_the_kernel_tests_catch_aiters_default_precision(kernel_tests, tmp_path, monkeypatch):
+    """The asm decode called at AITER's default precision (high_precision=1, 0.2-0.9
+    GSM8K points below HIP in the original measurements) makes the GQA test fail."""
+    if harness.IN_TREE:
+        from vllm.v1.attention.backends import rocm_attn
+
+        monkeypatch.setattr(rocm_attn, "_ASM_PRECISION", 1)
+    else:
+        from vllm_rocm_asm_decode import core
+
+        monkeypatch.setattr(core, "ASM_PRECISION", 1)
+    with pytest.raises(AssertionError) as failed:
+        kernel_tests.test_every_admitted_gqa_ratio(tmp_path, monkeypatch, 5, torch.bfloat16)
+    assert 'kw["high_precision"]' in str(failed.traceback[-1].statement)

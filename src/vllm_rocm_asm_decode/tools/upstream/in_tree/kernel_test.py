@@ -1,11 +1,12 @@
 """ROCM_ATTN's asm decode: AITER's pa_fwd_asm (high_precision=2) on ROCM_ATTN's own fp8
 KV cache, through the metadata builder and forward, against fp32 and the HIP decode.
-The kernel tests need a gfx942/gfx950 GPU with AITER; the rule's tests run anywhere."""
+The kernel tests need AITER >= 0.1.17 on a gfx942/gfx950 GPU; the rest run anywhere."""
 
 import json
 
 import pytest
 import torch
+from packaging.version import Version
 from torch.nn.utils.rnn import pad_sequence
 
 from vllm import config as cfg
@@ -27,20 +28,34 @@ CONTEXTS = [1, 15, 16, 17, 255, 1000, 4000]
 # Against fp32 on an fp8 cache (MI355X, with headroom): HIP max 0.0072; asm at
 # high_precision=2 max 0.026, mean 0.00078.
 HIP_MAX, ASM_MAX, ASM_MEAN = 0.0144, 0.039, 0.0016
+try:  # AITER before 0.1.17 misreads block ids >= 65536: the decode keeps HIP
+    from aiter._version import __version__
+
+    ASM = is_aiter_found_and_supported() and Version(__version__) >= Version("0.1.17")
+except ImportError:
+    ASM = False
 requires_asm = pytest.mark.skipif(
-    not (is_aiter_found_and_supported() and torch.accelerator.is_available()),
-    reason="needs AITER on a gfx942/gfx950 GPU",
+    not (ASM and torch.accelerator.is_available()),
+    reason="needs AITER >= 0.1.17 on a gfx942/gfx950 GPU",
 )
 
 
 @pytest.fixture(autouse=True)
-def _aiter_on(monkeypatch):
-    """The asm decode is ROCM_ATTN's with AITER on (VLLM_ROCM_USE_AITER=1)."""
+def _aiter_on(monkeypatch):  # the asm decode is ROCM_ATTN's with AITER on
     monkeypatch.setenv("VLLM_ROCM_USE_AITER", "1")
     rocm_aiter_ops.refresh_env_variables()
     yield
     monkeypatch.undo()
     rocm_aiter_ops.refresh_env_variables()
+
+
+def llama(path, heads=40, kvh=8, **kw):
+    """The ModelConfig of a one-layer Llama checkpoint."""
+    sizes = dict(num_attention_heads=heads, num_key_value_heads=kvh, head_dim=HEAD)
+    sizes |= dict(hidden_size=heads * HEAD, num_hidden_layers=1)
+    sizes |= dict(architectures=["LlamaForCausalLM"], max_position_embeddings=2**20)
+    (path / "config.json").write_text(json.dumps(sizes | dict(model_type="llama")))
+    return cfg.ModelConfig(str(path), skip_tokenizer_init=True, **kw)
 
 
 class Model(torch.nn.Module):
@@ -49,11 +64,7 @@ class Model(torch.nn.Module):
 
     def __init__(self, path, heads, kvh, blocks, dtype=torch.bfloat16, scales=(0.5, 2)):
         super().__init__()
-        sizes = dict(num_attention_heads=heads, num_key_value_heads=kvh, head_dim=HEAD)
-        sizes |= dict(hidden_size=heads * HEAD, num_hidden_layers=1)
-        llama = dict(architectures=["LlamaForCausalLM"], model_type="llama") | sizes
-        (path / "config.json").write_text(json.dumps(llama))
-        model = cfg.ModelConfig(str(path), dtype=dtype, skip_tokenizer_init=True)
+        model = llama(path, heads, kvh, dtype=dtype, max_model_len=4096)
         cache, dev = cfg.CacheConfig(cache_dtype="fp8", block_size=BLOCK), DEVICE
         self.config = cfg.VllmConfig(model, cache, device_config=cfg.DeviceConfig(dev))
         fp8 = dict(cache_config=cache, quant_config=Fp8Config(), prefix="attn")
@@ -146,14 +157,18 @@ def decode(tmp_path, heads=40, kvh=8, **kw):
 @requires_asm
 @pytest.mark.parametrize("gqa", range(1, 9))
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
-def test_every_admitted_gqa_ratio(tmp_path, gqa, dtype):
-    """asm and HIP each within their bound of fp32 at K/V scales 0.5/2 (a swapped or
-    missing scale is off by 4x), not the same kernel, and finite on padding rows."""
+def test_every_admitted_gqa_ratio(tmp_path, monkeypatch, gqa, dtype):
+    """asm (one ultra-precision call) and HIP each within their bound of fp32 at K/V
+    scales 0.5/2 (a swapped or missing scale is off by 4x), finite on padding rows."""
+    import aiter
+
     model, step, query = decode(tmp_path, 8 * gqa, 8, dtype=dtype)
     metadata = model.builder.build(0, step)
     assert metadata.use_asm_decode
-    ref = model.reference(query, step)
+    ref, pa, calls = model.reference(query, step), aiter.pa_fwd_asm, []
+    monkeypatch.setattr(aiter, "pa_fwd_asm", lambda **kw: calls.append(kw) or pa(**kw))
     asm = model.run(query, metadata).float().cpu()
+    assert [kw["high_precision"] for kw in calls] == [2]
     torch.testing.assert_close(asm[:-PAD], ref, atol=ASM_MAX, rtol=0)
     assert (asm[:-PAD] - ref).abs().mean() <= ASM_MEAN and asm.isfinite().all()
     metadata.use_asm_decode = False
@@ -207,10 +222,7 @@ def rule(path, head=HEAD, block=BLOCK, lbhnc=False, mi3xx=True, model=None, **kw
     impl = RocmAttentionImpl(head_size=head, **kw)
     pages = torch.empty(2, 4, block, impl.num_kv_heads * head, dtype=torch.uint8)
     kv_cache = pages.view(4, 2, block, -1) if lbhnc else pages.transpose(0, 1)
-    llama = dict(architectures=["LlamaForCausalLM"], max_position_embeddings=2**20)
-    (path / "config.json").write_text(json.dumps(llama | dict(model_type="llama")))
-    model = dict(skip_tokenizer_init=True, max_model_len=4096) | (model or {})
-    model = cfg.ModelConfig(str(path), **model)
+    model = llama(path, **dict(max_model_len=4096) | (model or {}))
     return asm_decode_rejections(impl, kv_cache.to("meta"), model, mi3xx)
 
 
