@@ -11,12 +11,14 @@ from torch.nn.utils.rnn import pad_sequence
 
 from vllm import config as cfg
 from vllm._aiter_ops import is_aiter_found_and_supported, rocm_aiter_ops
+from vllm.config import CUDAGraphMode
 from vllm.model_executor.layers.attention import Attention
 from vllm.model_executor.layers.quantization.fp8 import Fp8Config
 from vllm.model_executor.model_loader.reload import record_metadata_for_reloading
 from vllm.model_executor.model_loader.reload.inplace import reload_weights
 from vllm.model_executor.model_loader.utils import process_weights_after_loading
 from vllm.platforms import current_platform
+from vllm.utils.math_utils import cdiv
 from vllm.v1.attention.backend import CommonAttentionMetadata
 from vllm.v1.attention.backends.registry import AttentionBackendEnum
 from vllm.v1.attention.backends.rocm_attn import RocmAttentionImpl
@@ -59,17 +61,22 @@ def llama(path, heads=40, kvh=8, **kw):
 
 
 class Model(torch.nn.Module):
-    """One ROCM_ATTN layer of an fp8 checkpoint (its KV scales loaded, and reloaded, by
-    vLLM's loader), a random fp8 KV cache bound as vLLM binds it, and its builder."""
+    """ROCM_ATTN layers of an fp8 checkpoint (their K/V scales loaded, and reloaded, by
+    vLLM's loader) on one random fp8 KV cache bound as vLLM binds it, and a builder."""
 
-    def __init__(self, path, heads, kvh, blocks, dtype=torch.bfloat16, scales=(0.5, 2)):
+    def __init__(
+        self, path, heads, kvh, blocks, dtype=torch.bfloat16, scales=((0.5, 2),)
+    ):
         super().__init__()
         model = llama(path, heads, kvh, dtype=dtype, max_model_len=4096)
         cache, dev = cfg.CacheConfig(cache_dtype="fp8", block_size=BLOCK), DEVICE
         self.config = cfg.VllmConfig(model, cache, device_config=cfg.DeviceConfig(dev))
-        fp8 = dict(cache_config=cache, quant_config=Fp8Config(), prefix="attn")
+        fp8 = dict(cache_config=cache, quant_config=Fp8Config())
         with cfg.set_current_vllm_config(self.config):
-            self.attn = Attention(heads, HEAD, HEAD**-0.5, kvh, **fp8)
+            self.layers = torch.nn.ModuleList(
+                Attention(heads, HEAD, HEAD**-0.5, kvh, **fp8, prefix=f"layers.{i}")
+                for i in range(len(scales))
+            )
         record_metadata_for_reloading(self)
         self.load_weights(kv_scales(*scales))
         process_weights_after_loading(self, model, torch.device(dev))
@@ -78,11 +85,17 @@ class Model(torch.nn.Module):
         codes = torch.randint(1, 65, shape, dtype=torch.uint8, device=dev)
         codes |= torch.randint_like(codes, 0, 2) << 7
         self.to(dev)
-        self.attn.kv_cache = codes.transpose(0, 1)  # vLLM's [blocks, 2, ...] view
+        for layer in self.layers:
+            layer.kv_cache = codes.transpose(0, 1)  # vLLM's [blocks, 2, ...] view
         backend = AttentionBackendEnum.ROCM_ATTN.get_class()
         spec = backend.customize_spec(self.attn.get_kv_cache_spec(self.config))
-        builder = backend.get_builder_cls()
-        self.builder = builder(spec, ["attn"], self.config, torch.device(dev))
+        self.builder = backend.get_builder_cls()(
+            spec, [x.layer_name for x in self.layers], self.config, torch.device(dev)
+        )
+
+    @property
+    def attn(self):
+        return self.layers[0]
 
     def load_weights(self, weights):
         for name, tensor in weights:
@@ -117,8 +130,12 @@ class Model(torch.nn.Module):
         return torch.stack(rows).flatten(1, 2)
 
 
-def kv_scales(k, v):  # a checkpoint's K and V scales, as its weights
-    return [("attn.k_scale", torch.tensor(k)), ("attn.v_scale", torch.tensor(v))]
+def kv_scales(*layers):  # a checkpoint's K and V scales of each layer, as its weights
+    return [
+        (f"layers.{i}.{kv}_scale", torch.tensor(scale))
+        for i, (k, v) in enumerate(layers)
+        for kv, scale in (("k", k), ("v", v))
+    ]
 
 
 def common(seq_lens, pages, query_lens=None, device=None):
@@ -146,9 +163,9 @@ def decode(tmp_path, heads=40, kvh=8, **kw):
     PAD rows of vLLM's FULL-graph padding (length 0, on the null block)."""
     n = 2 * current_platform.num_compute_units() // heads + 1
     seq_lens = [CONTEXTS[i % len(CONTEXTS)] for i in range(n)] + [0] * PAD
-    free = (torch.randperm(sum(-(-s // BLOCK) for s in seq_lens)) + 1).tolist()
+    free = (torch.randperm(sum(cdiv(s, BLOCK) for s in seq_lens)) + 1).tolist()
     model = Model(tmp_path, heads, kvh, len(free) + 1, **kw)
-    pages = [[free.pop() for _ in range(-(-s // BLOCK))] for s in seq_lens]
+    pages = [[free.pop() for _ in range(cdiv(s, BLOCK))] for s in seq_lens]
     dtype = model.config.model_config.dtype
     query = torch.randn(n + PAD, heads, HEAD, dtype=dtype, device=DEVICE)
     return model, common(seq_lens, pages), query
@@ -174,7 +191,7 @@ def test_every_admitted_gqa_ratio(tmp_path, monkeypatch, gqa, dtype):
     metadata.use_asm_decode = False
     hip = model.run(query, metadata).float().cpu()
     torch.testing.assert_close(hip[:-PAD], ref, atol=HIP_MAX, rtol=0)
-    if DEVICE == "cuda":  # two kernels, two roundings (a CPU run may round alike)
+    if DEVICE == "cuda":  # two kernels round apart
         assert not torch.equal(asm, hip), "the asm step ran the HIP decode"
 
 
@@ -199,7 +216,7 @@ def test_a_captured_graph_replays_asm_and_follows_a_weight_reload(tmp_path):
     """Captured through build_for_cudagraph_capture, as vLLM's runner captures; vLLM's
     weight reload between replays (the next build refills the tables in place). K and
     V start equal and then differ: each has its own table."""
-    model, step, query = decode(tmp_path, scales=(1, 1))
+    model, step, query = decode(tmp_path, scales=[(1, 1)])
     metadata = model.builder.build_for_cudagraph_capture(step)
     assert metadata.use_asm_decode
     metadata.seq_lens.copy_(step.seq_lens_cpu_upper_bound)  # the capture set them to 1
@@ -208,11 +225,53 @@ def test_a_captured_graph_replays_asm_and_follows_a_weight_reload(tmp_path):
     with torch.cuda.graph(graph):
         model.run(query, metadata, out)
     for scales in ((1, 0.5), (0.25, 4)):
-        reload_weights(model.config, model, kv_scales(*scales), None, True)
+        reload_weights(model.config, model, kv_scales(scales), None, True)
         model.builder.build(0, step)
         graph.replay()
         ref = model.reference(query, step)
         torch.testing.assert_close(out[:-PAD].float().cpu(), ref, atol=ASM_MAX, rtol=0)
+
+
+@requires_asm
+def test_layers_at_one_scale_share_tables_and_a_fifth_table_keeps_hip(tmp_path):
+    """One fp32 table per distinct K and V scale (K's apart from V's), at most four:
+    the last layer would add a fifth and a sixth, so it keeps the HIP decode."""
+    model, step, _ = decode(tmp_path, scales=[(1, 1), (1, 1), (0.5, 2), (0.25, 4)])
+    tables = model.builder.build(0, step).asm_scales
+    (k0, v0), (k1, v1), (k2, v2) = (tables[x] for x in model.layers[:3])
+    assert k0 is k1 and v0 is v1 and len({k0, v0, k2, v2}) == 4
+    ratios = [(t / k0).unique().tolist() for t in (v0, k2, v2)]  # e4m3fnuz doubles
+    assert k0.unique().numel() == 1 and ratios == [[1], [0.5], [2]]
+    assert model.layers[3] not in tables
+
+
+@requires_asm
+@pytest.mark.parametrize("mode", ["NONE", "FULL_AND_PIECEWISE"])
+def test_a_reload_that_parts_the_layers_of_a_table(tmp_path, mode):
+    """Eager, the layer that moved goes back to HIP (one error line); where FULL decode
+    graphs replay the old table, build() stops rather than decode at a stale scale."""
+    model, step, _ = decode(tmp_path, scales=[(1, 1), (1, 1)])
+    model.config.compilation_config.cudagraph_mode = CUDAGraphMode[mode]
+    model.builder.build(0, step)
+    reload_weights(model.config, model, kv_scales((1, 1), (0.5, 1)), None, True)
+    if mode == "NONE":
+        assert list(model.builder.build(0, step).asm_scales) == [model.attn]
+    else:
+        with pytest.raises(RuntimeError, match=r"layers\.1 left their shared"):
+            model.builder.build(0, step)
+
+
+@requires_asm
+def test_an_old_aiter_and_builders_built_on_rocm_attns_keep_hip(tmp_path, monkeypatch):
+    import aiter._version
+
+    model, step, _ = decode(tmp_path)
+    builder = model.builder
+    derived = type("Derived", (type(builder),), {})  # e.g. another backend's builder
+    derived = derived(builder.kv_cache_spec, ["layers.0"], model.config, builder.device)
+    assert not derived.build(0, step).use_asm_decode
+    monkeypatch.setattr(aiter._version, "__version__", "0.1.16")
+    assert not builder.build(0, step).use_asm_decode
 
 
 def rule(path, head=HEAD, block=BLOCK, lbhnc=False, mi3xx=True, model=None, **kw):
@@ -229,6 +288,7 @@ def rule(path, head=HEAD, block=BLOCK, lbhnc=False, mi3xx=True, model=None, **kw
 RULE = {
     "bf16": ({}, []),
     "fp16": (dict(model=dict(dtype=torch.float16)), []),
+    "fp8-e4m3": (dict(kv_cache_dtype="fp8_e4m3"), []),
     "fp32": (dict(model=dict(dtype=torch.float32)), ["torch.float32 query"]),
     "128k": (dict(model=dict(max_model_len=2**17)), []),
     "over-128k": (dict(model=dict(max_model_len=2**17 + 1)), ["max_model_len 131073"]),
