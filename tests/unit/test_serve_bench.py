@@ -379,6 +379,20 @@ def test_crash_mid_run_keeps_partial_results(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
+def test_failed_requests_stop_the_run_and_name_the_arm(tmp_path, monkeypatch):
+    """A result file that counts failed requests is no measurement: the run stops there
+    (exit non-zero), keeping the runs before it, its server stopped."""
+    spy = Spy(monkeypatch)
+    monkeypatch.setenv("FAKE_VLLM_FAILED", "7")  # the candidate arm loses 7 requests
+    outcome = sb.run_ab(config(tmp_path, concurrencies=(1,), num_prompts=(8,)), log=print)
+    assert [(r.arm, r.concurrency) for r in outcome.results] == [("plugin-off", 1)]
+    assert outcome.error.startswith("7 of 8 requests failed in the asm-decode arm at "), (
+        outcome.error
+    )
+    assert spy.all_stopped()
+
+
+@pytest.mark.slow
 def test_ctrl_c_stops_the_server_and_keeps_results(tmp_path, monkeypatch):
     spy = Spy(monkeypatch)
     calls = []
@@ -500,9 +514,11 @@ def test_an_ipv6_host_is_served_and_benchmarked(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_second_ctrl_c_kills_a_slow_server_and_the_json_is_written(tmp_path):
+@pytest.mark.parametrize(("signame", "status"), [("SIGINT", 130), ("SIGTERM", 143)])
+def test_a_second_ctrl_c_kills_a_slow_server_and_the_json_is_written(tmp_path, signame, status):
     """The first Ctrl-C (mid-run) stops the server, which drains slowly; the second
-    kills its process group at once. --json is written, exit 130, no traceback."""
+    kills its process group at once. --json is written, exit 130, no traceback. SIGTERM
+    (timeout, systemd, Slurm) is taken the same way, exit 143."""
     import signal
     import subprocess
     import sys
@@ -528,14 +544,14 @@ def test_a_second_ctrl_c_kills_a_slow_server_and_the_json_is_written(tmp_path):
         for line in cli.stderr:
             lines.append(line)
             if line.startswith("== plugin-off (repeat 0): asm decode off"):
-                cli.send_signal(signal.SIGINT)  # Ctrl-C while vllm bench serve runs
+                cli.send_signal(getattr(signal, signame))  # while vllm bench serve runs
             elif line.startswith("== stopping the plugin-off server"):
                 deadline = time.monotonic() + 30
                 while "stopping slowly" not in server_log.read_text():
                     assert time.monotonic() < deadline, server_log.read_text()
                     time.sleep(0.05)
                 second_at = time.monotonic()
-                cli.send_signal(signal.SIGINT)  # Ctrl-C again while it drains
+                cli.send_signal(getattr(signal, signame))  # again while it drains
                 break
         cli.wait()
         ended_at = time.monotonic()
@@ -547,7 +563,7 @@ def test_a_second_ctrl_c_kills_a_slow_server_and_the_json_is_written(tmp_path):
     finally:
         watchdog.cancel()
     assert second_at is not None and ended_at - second_at < 20, lines
-    assert cli.returncode == 130, lines
+    assert cli.returncode == status, lines
     assert "Traceback" not in "".join(lines)
     assert lines[-1].strip() == (
         "vllm-rocm-asm-decode bench serve: error: interrupted (nothing was measured)"

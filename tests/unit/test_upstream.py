@@ -18,6 +18,8 @@ from importlib.util import find_spec
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from vllm_rocm_asm_decode.tools import upstream
 from vllm_rocm_asm_decode.tools.cli import main
@@ -979,3 +981,32 @@ def test_ctrl_c_after_the_last_line_is_printed_does_not_kill_the_command_silentl
     code = proc.wait(timeout=120)
     assert code == 0 and err == "", (code, err)
     assert "def _asm_decode_rejections(" in (tree / upstream.ROCM_ATTN).read_text()
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "counts"),
+    [
+        ("a\nb\nc\n", "a\nb\nc\n", (0, 0)),
+        ("", "x\ny\n", (2, 0)),
+        ("a\nb\nc\nd\n", "a\nc\nd\ne\n", (1, 1)),
+        ("x\n}\nx\n", "}\ny\nx\n", (1, 1)),  # difflib's matcher counts 2 and 2
+    ],
+    ids=["same", "new-file", "one-each", "not-difflib"],
+)
+def test_diff_counts_are_a_shortest_edit_script(old, new, counts):
+    """What ``git diff --stat`` counts (checked by hand): lines added and removed by a
+    shortest edit script."""
+    assert upstream.diff_counts(old, new) == counts
+
+
+@given(st.lists(st.sampled_from("xy}"), max_size=12), st.lists(st.sampled_from("xy}"), max_size=12))
+def test_diff_counts_leave_the_longest_common_subsequence(a, b):
+    common = [[0] * (len(b) + 1) for _ in range(len(a) + 1)]  # the LCS table, by hand
+    for i, x in enumerate(a):
+        for j, y in enumerate(b):
+            common[i + 1][j + 1] = (
+                common[i][j] + 1 if x == y else max(common[i][j + 1], common[i + 1][j])
+            )
+    lcs = common[-1][-1]
+    text = lambda lines: "".join(f"{line}\n" for line in lines)  # noqa: E731
+    assert upstream.diff_counts(text(a), text(b)) == (len(b) - lcs, len(a) - lcs)

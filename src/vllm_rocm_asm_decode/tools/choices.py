@@ -114,11 +114,15 @@ def resolve_model_dir(model: str) -> tuple[Path, str]:
         return PRESETS_DIR / model, f"preset {model}"
     if path.is_dir():
         config = path / "config.json"
+        if config.is_dir():
+            raise InputError(f"{config} is a directory, not a model's config.json")
+        if config.is_fifo():  # its read would wait for a writer, for ever
+            raise InputError(f"{config} is a FIFO, not a model's config.json")
         try:
             with open(config, "rb") as f:
                 data = f.read(MAX_CONFIG_BYTES + 1)  # a link to /dev/zero ends here
         except OSError as exc:
-            raise InputError(f"cannot read {config}: {first_line(exc)}") from exc
+            raise InputError(f"cannot read {config}: {exc.strerror or first_line(exc)}") from exc
         if len(data) > MAX_CONFIG_BYTES:
             raise InputError(
                 f"{config} is larger than {MAX_CONFIG_BYTES // 2**20} MiB: not a model's "
@@ -525,8 +529,8 @@ def plugin_settings_problem() -> str | None:
 def unwritable(path: str) -> str | None:
     """Why a result file cannot be written at ``path``, checked before a long run; None
     when it can: a name that is not a directory (nor ends in a separator), not too long
-    for the file system, an existing file that is writable, or a new one in a writable
-    directory."""
+    for the file system, an existing regular file (or ``/dev/null``) that is writable,
+    or a new one in a writable directory."""
     if path.endswith(("/", os.sep)):
         return "ends in a path separator; give a file name"
     try:
@@ -538,6 +542,9 @@ def unwritable(path: str) -> str | None:
     if info is not None:
         if stat.S_ISDIR(info.st_mode):
             return "is a directory"
+        if not stat.S_ISREG(info.st_mode) and path != os.devnull:
+            # A FIFO blocks the write at the end of the run until something reads it.
+            return "is not a regular file (a FIFO, a device or a socket); give a file name"
         if not os.access(path, os.W_OK):
             return "exists and is not writable"
         return None
@@ -546,6 +553,15 @@ def unwritable(path: str) -> str | None:
         return f"{parent} is not a directory"
     if not os.access(parent, os.W_OK | os.X_OK):
         return f"{parent} is not writable"
+    return None
+
+
+def not_png(path: str) -> str | None:
+    """Why ``path`` is not a name for the PNG a ``--plot`` writes; None when it ends in
+    ``.png`` (matplotlib would pick its format from any other suffix, or add ``.png``
+    to a name without one)."""
+    if not path.lower().endswith(".png"):
+        return "the plot is a PNG: give a path ending in .png"
     return None
 
 

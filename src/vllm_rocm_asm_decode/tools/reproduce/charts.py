@@ -30,7 +30,7 @@ def plot_tpot(rows: list[sb.Row], model: str, path: Path) -> None:
     ax.set_title(model)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, format="png")
     plt.close(fig)
 
 

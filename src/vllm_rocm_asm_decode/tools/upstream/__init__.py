@@ -38,7 +38,6 @@ from __future__ import annotations
 import ast
 import atexit
 import contextlib
-import difflib
 import fcntl
 import functools
 import os
@@ -378,13 +377,24 @@ class FileChange:
 
 
 def diff_counts(old: str, new: str) -> tuple[int, int]:
-    added = removed = 0
-    for line in difflib.unified_diff(old.splitlines(), new.splitlines(), lineterm="", n=0):
-        if line.startswith("+") and not line.startswith("+++"):
-            added += 1
-        elif line.startswith("-") and not line.startswith("---"):
-            removed += 1
-    return added, removed
+    """Lines added and removed by a shortest edit script between the two texts, found by
+    Myers' O(ND) algorithm as ``git diff --stat`` counts them (difflib's matcher, which
+    is not minimal, counts a line or two more)."""
+    a, b = old.splitlines(), new.splitlines()
+    n, m = len(a), len(b)
+    furthest = {1: 0}  # diagonal k = x - y: the furthest x reached with d edits
+    for d in range(n + m + 1):
+        for k in range(-d, d + 1, 2):
+            down = k == -d or (k != d and furthest[k - 1] < furthest[k + 1])
+            x = furthest[k + 1] if down else furthest[k - 1] + 1
+            y = x - k
+            while x < n and y < m and a[x] == b[y]:
+                x, y = x + 1, y + 1
+            furthest[k] = x
+            if x >= n and y >= m:
+                common = (n + m - d) // 2
+                return m - common, n - common
+    raise AssertionError("unreachable: n + m edits always suffice")
 
 
 def apply(
@@ -648,7 +658,11 @@ def diff_stat(changes: list[FileChange]) -> str:
     added = sum(c.added for c in changes)
     removed = sum(c.removed for c in changes)
     files = "file" if len(changes) == 1 else "files"
-    rows.append(f" {len(changes)} {files} changed, {added} insertions(+), {removed} deletions(-)")
+    insertions = "insertion" if added == 1 else "insertions"
+    deletions = "deletion" if removed == 1 else "deletions"
+    rows.append(
+        f" {len(changes)} {files} changed, {added} {insertions}(+), {removed} {deletions}(-)"
+    )
     return "\n".join(rows)
 
 

@@ -121,7 +121,8 @@ class Source:
             tree = _parse(self.text)
         except SyntaxError as exc:
             raise UpstreamError(
-                f"{self.path}: does not parse ({exc.msg}, line {exc.lineno})"
+                f"{self.path}: does not parse ({exc.msg}"
+                + (f", line {exc.lineno})" if exc.lineno else ")")
             ) from None
         self._parsed = (self.text, tree)
         return tree

@@ -175,7 +175,7 @@ def memory_problem(args: argparse.Namespace) -> str | None:
     """Why the largest case of this run would ask the GPU for more than
     :data:`~vllm_rocm_asm_decode.tools.choices.MAX_KERNEL_CACHE_BYTES` of KV cache;
     None when none would (judged before anything is allocated)."""
-    from ..choices import MAX_KERNEL_CACHE_BYTES, gib
+    from ..choices import MAX_KERNEL_CACHE_BYTES
 
     if args.skew:
         (h, kvh), short, count, longs = skew_setup(args)
@@ -189,8 +189,9 @@ def memory_problem(args: argparse.Namespace) -> str | None:
     if size <= MAX_KERNEL_CACHE_BYTES:
         return None
     return (
-        f"the largest case ({what}) needs a KV cache of about {gib(size)}, more than the "
-        f"{gib(MAX_KERNEL_CACHE_BYTES)} allowed; give fewer --seqs or shorter --contexts"
+        f"the largest case ({what}) needs a KV cache of {size / 2**30:.2f} GiB, more than "
+        f"the {MAX_KERNEL_CACHE_BYTES / 2**30:.2f} GiB allowed; give fewer --seqs or shorter "
+        "--contexts"
     )
 
 

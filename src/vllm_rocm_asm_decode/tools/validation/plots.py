@@ -31,7 +31,7 @@ def plot_serve(rows: Sequence[Any], baseline: str, model: str, path: str) -> Non
     ax.set_title(model)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, format="png")
     plt.close(fig)
 
 
@@ -53,7 +53,7 @@ def plot_kernel(timings: Sequence[Any], cut: int | None, path: str) -> None:
     ax.set_ylabel("µs per impl.forward (CUDA graph)")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, format="png")
     plt.close(fig)
 
 
@@ -72,5 +72,5 @@ def plot_skew(timings: Sequence[Any], path: str) -> None:
     ax.set_title(f"{first.num_heads}/{first.num_kv_heads} heads")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, format="png")
     plt.close(fig)

@@ -98,6 +98,8 @@ def sharegpt_problem(path: Path) -> str | None:
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read(1 << 20)
+            if text.startswith("\ufeff"):  # vLLM's loader (json.load) refuses it too
+                return "starts with a byte-order mark (U+FEFF), which vLLM's JSON reading refuses"
             start = len(text) - len(text.lstrip())
             if text[start : start + 1] != "[":
                 return "is not a JSON list"
@@ -436,7 +438,7 @@ def parse_result(path: Path, arm: str, repeat: int) -> RunResult:
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise ServeError(f"{path} is not a vllm bench serve result: {exc}") from None
     try:
-        return RunResult(
+        result = RunResult(
             arm=arm,
             repeat=repeat,
             concurrency=int(data["max_concurrency"]),
@@ -450,6 +452,13 @@ def parse_result(path: Path, arm: str, repeat: int) -> RunResult:
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise ServeError(f"{path} is not a vllm bench serve result: {exc!r}") from exc
+    if result.failed:  # the throughput of a run that lost requests measures nothing
+        raise ServeError(
+            f"{result.failed} of {result.failed + result.completed} requests failed in the "
+            f"{arm} arm at concurrency {result.concurrency} ({path}; the server's log says "
+            "why): a run with failed requests is no measurement"
+        )
+    return result
 
 
 def flag_outliers(results: list[RunResult], factor: float = OUTLIER_FACTOR) -> list[RunResult]:
