@@ -10,6 +10,7 @@ exactly as the builder asks them at run time.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import math
 import os
@@ -196,7 +197,24 @@ def _model_config(model_dir: Path, label: str, dtype: str, max_model_len: int | 
                 "else its weights') is not one vLLM runs a model in here (bfloat16, "
                 "float16, float32); give --dtype"
             ) from exc
+        if broken := _broken_json(model_dir):
+            raise PlanError(f"vLLM refuses {label}: {broken}") from exc
         raise PlanError(f"vLLM refuses {label}: {_what_is_wrong(exc)}") from exc
+
+
+def _broken_json(model_dir: Path) -> str | None:
+    """Which of the checkpoint's JSON files (``hf_quant_config.json``, ``generation_
+    config.json``, ...) does not parse, with why: vLLM's and Transformers' errors name
+    no file. None when each does (or is too large to look at)."""
+    for path in sorted(model_dir.glob("*.json")):
+        try:
+            if not path.is_file() or path.stat().st_size > 16 * 2**20:
+                continue
+            json.loads(path.read_bytes())
+        except (OSError, ValueError, RecursionError) as exc:
+            why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            return f"its {path.name} is not JSON ({why})"
+    return None
 
 
 def _in_dtype_fallback(exc: BaseException) -> bool:
@@ -434,6 +452,8 @@ def layers_load_kv_scales(model_config, label: str) -> bool:
         with _one_voice():
             quant_config = VllmConfig.get_quantization_config(model_config, LoadConfig())
     except Exception as exc:  # vLLM's own refusal of the checkpoint's quantization
+        if broken := _broken_json(Path(model_config.model)):
+            raise PlanError(f"vLLM refuses {label}: {broken}") from exc
         raise PlanError(f"vLLM refuses {label}'s quantization: {_what_is_wrong(exc)}") from exc
     if quant_config is None:
         return False

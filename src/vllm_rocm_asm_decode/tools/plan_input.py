@@ -68,6 +68,13 @@ def check_config(model_dir: Path, dtype: str = "auto") -> None:
                     f"{config}: {prefix}{key} is {value}; no model has more than "
                     f"{MAX_LAYERS} layers"
                 )
+    quantization = raw.get("quantization_config")
+    if quantization is not None and not isinstance(quantization, dict):
+        kind = {str: "string", list: "array", bool: "boolean"}.get(type(quantization), "number")
+        raise InputError(
+            f"{config}: quantization_config is a JSON {kind}; a checkpoint's is an object "
+            '(e.g. {"quant_method": "fp8", ...})'
+        )
     text = attention_section(raw)
     text_prefix = next((f"{k}." for k, v in raw.items() if v is text), "")
     for key in SCALAR_FIELDS:
