@@ -112,9 +112,11 @@ def settings_of(args: argparse.Namespace) -> Settings:
 
 
 def _executable(option: str, value: str, hint: str) -> str | None:
-    if shutil.which(value) is None:
-        return f"{option} {value}: no such executable ({hint})"
-    return None
+    if shutil.which(value) is not None:
+        return None
+    if os.sep in value and os.path.exists(value):
+        return f"{option} {value}: is not an executable file (chmod +x it)"
+    return f"{option} {value}: no such executable ({hint})"
 
 
 #: The directories a reproduction keeps in ``--out``, beside ``reproduction.json``.
