@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -20,6 +21,7 @@ from vllm_rocm_asm_decode.tools import choices, cli
 from vllm_rocm_asm_decode.tools.cli import _glue_serve_args, main
 
 SHAREGPT_ON_THIS_FILE = ["--dataset=sharegpt", f"--dataset-path={__file__}"]
+DATA = Path(__file__).resolve().parents[1] / "data"
 STAND_IN_VLLM = str(Path(__file__).resolve().parents[1] / "standins" / "bin" / "vllm")
 #: A file name longer than Linux file systems take (255 bytes), in a directory that exists.
 LONG_NAME = "/tmp/" + "a" * 300 + ".json"
@@ -95,6 +97,29 @@ CASES = {
     "dataset-path-alone": (
         ["bench", "serve", "--model", "m", "--vllm", STAND_IN_VLLM, "--dataset-path", __file__],
         "is read only with --dataset sharegpt (the random dataset has no file)",
+    ),
+    "sharegpt-bom": (
+        [
+            "bench",
+            "serve",
+            "--model=m",
+            f"--vllm={STAND_IN_VLLM}",
+            "--dataset=sharegpt",
+            f"--dataset-path={DATA / 'sharegpt-bom.json'}",
+        ],
+        "sharegpt-bom.json starts with a byte-order mark (U+FEFF), which vLLM's JSON",
+    ),
+    "serve-plot-not-png": (
+        ["bench", "serve", "--model", "m", "--vllm", STAND_IN_VLLM, "--plot", "p.txt"],
+        "--plot p.txt: the plot is a PNG: give a path ending in .png",
+    ),
+    "kernel-plot-no-suffix": (
+        ["bench", "kernel", "--plot", "plot"],
+        "--plot plot: the plot is a PNG: give a path ending in .png",
+    ),
+    "serve-vllm-not-executable": (
+        ["bench", "serve", "--model", "m", "--vllm", __file__],
+        f"--vllm {__file__}: is not an executable file (chmod +x it",
     ),
     "sharegpt-not-json": (
         ["bench", "serve", "--model=m", f"--vllm={STAND_IN_VLLM}", *SHAREGPT_ON_THIS_FILE],
@@ -214,7 +239,11 @@ CASES = {
     "kernel-case-too-big": (
         ["bench", "kernel", "--heads", "40/8", "--contexts", "131072", "--seqs", "100000"],
         "bench kernel: error: the largest case (40/8 heads, 100000 sequences of 131072 tokens) "
-        "needs a KV cache of about",
+        "needs a KV cache of",
+    ),
+    "kernel-case-just-too-big": (  # 16 MiB over: the two sizes must not read alike
+        ["bench", "kernel", "--heads", "40/8", "--contexts", "131072", "--seqs", "256"],
+        "needs a KV cache of 64.02 GiB, more than the 64.00 GiB allowed",
     ),
     "kernel-skew-without-a-longer-length": (
         ["bench", "kernel", "--skew", "--contexts", "131072"],
@@ -343,6 +372,11 @@ CONFIG_CASES = {
         {"text_config": {"num_attention_heads": 40, "num_hidden_layers": 0}},
         [],
         "num_hidden_layers is 0",
+    ),
+    "quantization-config-string": (
+        {"quantization_config": "fp8"},
+        [],
+        "quantization_config is a JSON string; a checkpoint's is an object",
     ),
 }
 
@@ -1038,6 +1072,24 @@ def test_a_config_that_never_ends_is_one_line(tmp_path, capsys):
     assert "is larger than 16 MiB: not a model's config.json" in err
 
 
+def test_a_checkpoint_json_vllm_cannot_parse_is_named(tmp_path, capsys):
+    """vLLM's and Transformers' JSON errors name no file: plan finds which it was."""
+    shutil.copytree(choices.PRESETS_DIR / "qwen3-8b", tmp_path, dirs_exist_ok=True)
+    (tmp_path / "hf_quant_config.json").write_text("{garbage")
+    err = _one_line_exit_2(["plan", "--model", str(tmp_path)], capsys)
+    assert f"vLLM refuses {tmp_path}: its hf_quant_config.json is not JSON (Expecting" in err
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory"])
+def test_a_config_json_that_is_no_file_is_one_line(tmp_path, capsys, kind):
+    """A FIFO would block plan for ever; a directory is named once, not twice."""
+    config = tmp_path / "config.json"
+    os.mkfifo(config) if kind == "fifo" else config.mkdir()
+    err = _one_line_exit_2(["plan", "--model", str(tmp_path)], capsys)
+    said = "is a FIFO" if kind == "fifo" else "is a directory"
+    assert f"{config} {said}, not a model's config.json" in err and err.count(str(config)) == 1
+
+
 @pytest.mark.parametrize(
     "argv",
     [["upstream", "bad\udcffup", "--check"], ["plan", "--model", "m/bad\udcffname"]],
@@ -1069,3 +1121,204 @@ def test_stdout_under_a_utf8_locale_writes_such_a_path_back_as_its_bytes():
     out.write("tree bad\udcffup written, \u00e9 kept\n")
     out.flush()
     assert raw.getvalue() == b"tree bad\xffup written, \xc3\xa9 kept\n"
+
+
+# --------------------------------------------------------------------------------------
+# passkey: error bodies that cannot be read, proxies, reply shapes (1, 7, 10)
+
+
+def _reset(head: bytes):
+    """Sends ``head``, then resets the connection (an RST, not a FIN) once the client has
+    had the time to read it."""
+
+    import struct
+
+    def answer(conn: socket.socket, server: _PasskeyServer) -> None:
+        conn.sendall(head)
+        server.stopped.wait(0.05)
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        conn.close()
+
+    return answer
+
+
+def _stall(head: bytes):
+    """Sends ``head``, then nothing until the test is done."""
+
+    def answer(conn: socket.socket, server: _PasskeyServer) -> None:
+        conn.sendall(head)
+        server.stopped.wait(10)
+
+    return answer
+
+
+@pytest.mark.parametrize(
+    ("answer", "says"),
+    [
+        (
+            _reset(b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 100\r\n\r\n"),
+            "HTTP 500 (its body could not be read: connection reset)",
+        ),
+        (
+            b"HTTP/1.1 500 Oops\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+            "HTTP 500 (its body could not be read: its chunked encoding is malformed: "
+            "b'zz\\r\\n' is not a hex chunk size)",
+        ),
+        (
+            _stall(b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 100\r\n\r\n"),
+            "HTTP 500 (its body could not be read: the --timeout of 0.5 s ran out)",
+        ),
+    ],
+    ids=["reset", "bad-chunk-size", "stall"],
+)
+def test_passkey_an_error_whose_body_cannot_be_read_says_why(answer, says, capsys):
+    """(1) An error status whose body cannot be read is one line that says why, not the
+    status line's reason as if it were all the server said."""
+    with _PasskeyServer(answer) as server:
+        assert _passkey(server.url, "--timeout", "0.5") == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.endswith(f"{server.url}: {says}"), line
+
+
+def _only_proxy(monkeypatch, **variables: str) -> None:
+    """The environment's proxy variables (any case, no_proxy too) replaced by these."""
+    for name in list(os.environ):
+        if name.lower().endswith("_proxy"):
+            monkeypatch.delenv(name)
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+
+
+def test_passkey_names_the_proxy_a_request_goes_through(monkeypatch, capsys):
+    """(7) urllib's proxy from the environment is used, and an error of a request sent
+    through it names it and the variable it came from, its password left out."""
+    with socket.socket() as bound:  # bound, not listening: the proxy refuses
+        bound.bind(("127.0.0.1", 0))
+        proxy = f"127.0.0.1:{bound.getsockname()[1]}"
+        _only_proxy(monkeypatch, http_proxy=f"http://user:secret@{proxy}")
+        with _PasskeyServer(_http(json.dumps({"choices": [{"text": "x"}]}).encode())) as server:
+            assert _passkey(server.url) == 2
+        assert server.requests == []
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert (
+        f"cannot reach {server.url}/v1/completions through the proxy http://***@{proxy} "
+        "(from http_proxy): Connection refused"
+    ) in line and "secret" not in line, line
+    with _PasskeyServer(_http(b"no upstream", "502 Bad Gateway")) as proxy_server:
+        _only_proxy(monkeypatch, HTTP_PROXY=proxy_server.url)
+        assert _passkey("http://127.0.0.1:9") == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert proxy_server.requests == [b"POST http://127.0.0.1:9/v1/completions HTTP/1.1"]
+    assert f"HTTP 502 through the proxy {proxy_server.url} (from HTTP_PROXY): no upstream" in line
+    with _PasskeyServer(_http(b"down", "503 Unavailable")) as server:
+        _only_proxy(monkeypatch, http_proxy=f"http://{proxy}", no_proxy="127.0.0.1")
+        assert _passkey(server.url) == 2  # no_proxy: straight to the server
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.endswith(f"{server.url}: HTTP 503: down"), line
+
+
+@pytest.mark.parametrize(
+    ("variable", "proxy", "says"),
+    [
+        ("HTTP_PROXY", "http://127.0.0.1:abc", "Port could not be cast to integer value"),
+        ("http_proxy", "http:/127.0.0.1", "it is not a URL with a host"),
+        ("http_proxy", "http://[::1", "Invalid IPv6 URL"),
+        ("http_proxy", "http://127.0.0.1:99999", "Port out of range 0-65535"),
+        ("http_proxy", "socks5://127.0.0.1:1080", "urllib sends requests only through http"),
+    ],
+    ids=["port", "no-authority", "ipv6", "port-range", "socks"],
+)
+def test_passkey_a_proxy_that_cannot_be_used_names_its_variable(
+    variable, proxy, says, monkeypatch, capsys
+):
+    """(7) A proxy URL urllib cannot use is one line naming it and its variable, not "not
+    an HTTP answer", a traceback or the server's refusal; nothing is sent."""
+    _only_proxy(monkeypatch, **{variable: proxy})
+    with _PasskeyServer(_http(json.dumps({"choices": [{"text": "x"}]}).encode())) as server:
+        assert _passkey(server.url) == 2
+    assert server.requests == []
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert f"the proxy {proxy} (from {variable}) cannot be used: {says}" in line, line
+
+
+def _first_passkey() -> str:
+    import random
+
+    from vllm_rocm_asm_decode.tools.validation import passkey
+
+    return passkey.make_prompt(100, random.Random(0)).passkey  # --seed 0's first prompt
+
+
+@pytest.mark.parametrize(
+    ("reply", "says"),
+    [
+        (
+            {"choices": [{"text": [_first_passkey()]}]},
+            f'the reply is not a completion (its "text" is a list, not a string): '
+            f'{{"choices": [{{"text": ["{_first_passkey()}"]}}]}}',
+        ),
+        (
+            {"choices": [{"text": int(_first_passkey())}]},
+            'the reply is not a completion (its "text" is a number, not a string)',
+        ),
+        ({"choices": [{"text": None}]}, 'no completion text: {"choices": [{"text": null}]}'),
+    ],
+    ids=["list", "number", "null"],
+)
+def test_passkey_a_completion_text_must_be_a_string(reply, says, capsys):
+    """(10) A "text" that holds the passkey but is no string is no pass, a null one no
+    miss: both are replies that are not completions."""
+    with _PasskeyServer(_http(json.dumps(reply).encode())) as server:
+        assert _passkey(server.url) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert says in line, line
+
+
+@pytest.mark.parametrize(
+    ("reply", "says"),
+    [
+        (
+            _http(b"{}", "200 OK", *[f"X-{i}: a" for i in range(101)]),
+            "the reply has more than 100 header lines",
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+            "the reply could not be read: its chunked encoding is malformed: b'zz\\r\\n' is not",
+        ),
+        (_reset(b""), "no answer from {url}/v1/completions: Connection reset by peer"),
+        (b"", "no answer from {url}/v1/completions: the connection was closed before a reply"),
+    ],
+    ids=["101-headers", "bad-chunk-size", "reset-before-a-reply", "closed-before-a-reply"],
+)
+def test_passkey_replies_http_client_refuses_name_the_cause(reply, says, capsys):
+    """(10) What http.client refuses is named (not a bare "(HTTPException)"); a server
+    that was reached is not one that could not be."""
+    with _PasskeyServer(reply) as server:
+        assert _passkey(server.url) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert says.format(url=server.url) in line, line
+
+
+def test_passkey_a_connect_timeout_points_to_timeout(capsys):
+    """(10) No connection within --timeout says so as the read timeout does: a listener
+    whose backlog is full drops the SYN, so the connect waits."""
+    with socket.create_server(("127.0.0.1", 0), backlog=0) as listener:
+        url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+        filling: list[socket.socket] = []
+        try:
+            for _ in range(8):
+                client = socket.socket()
+                filling.append(client)
+                client.settimeout(0.2)
+                try:
+                    client.connect(listener.getsockname())
+                except TimeoutError:
+                    break
+            else:
+                pytest.skip("this system accepts connections past a full backlog")
+            assert _passkey(url, "--timeout", "0.3") == 2
+        finally:
+            for client in filling:
+                client.close()
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.endswith(f"{url}: no connection to {url}/v1/completions within 0.3 s (--timeout)")

@@ -23,15 +23,18 @@ import contextlib
 import json
 import logging
 import os
+import signal
 import sys
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from . import choices
 
 PROG = "vllm-rocm-asm-decode"
 #: The exit status when stdout's reader went away: 128 + SIGPIPE.
 EXIT_BROKEN_PIPE = 141
+#: The exit status after a SIGTERM (128 + SIGTERM), as a shell reports it.
+EXIT_TERMINATED = 143
 #: The commands that import vLLM (and torch) themselves.
 HEAVY = ("plan", "doctor", "bench kernel", "check accuracy")
 
@@ -593,12 +596,16 @@ def _bench_serve(args: argparse.Namespace) -> int:
     # What can be judged before starting servers for an hour.
     problem = None
     if shutil.which(args.vllm) is None:
-        problem = f"--vllm {args.vllm}: no such executable (is vLLM installed and on PATH?)"
+        problem = f"--vllm {args.vllm}: " + (
+            "is not an executable file (chmod +x it, or give vLLM's vllm)"
+            if os.sep in args.vllm and os.path.exists(args.vllm)
+            else "no such executable (is vLLM installed and on PATH?)"
+        )
     elif why := choices.uncreatable_dir(args.result_dir):
         problem = f"--result-dir {args.result_dir} {why}"
     elif args.json and (why := choices.unwritable(args.json)):
         problem = f"--json {args.json}: {why}"
-    elif args.plot and (why := choices.unwritable(args.plot)):
+    elif args.plot and (why := choices.not_png(args.plot) or choices.unwritable(args.plot)):
         problem = f"--plot {args.plot}: {why}"
     elif args.plot and find_spec("matplotlib") is None:
         problem = f"--plot {args.plot} needs matplotlib (pip install matplotlib)"
@@ -797,9 +804,37 @@ def _keep_unencodable_text(*streams) -> None:
                 stream.reconfigure(errors="vllm_rocm_asm_decode")
 
 
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM (``timeout``, systemd, Slurm, ``kill``), taken as Ctrl-C is taken."""
+
+
+def _take_sigterm_as_ctrl_c() -> Callable[[], None]:
+    """SIGTERM raises :class:`_Terminated` in the main thread, so every command's Ctrl-C
+    path (``bench serve`` and ``reproduce`` stop their servers and keep their results)
+    runs for it too, and a second SIGTERM is a second Ctrl-C (the server killed at
+    once). Returns the undo."""
+    try:
+        previous = signal.getsignal(signal.SIGTERM)
+
+        def terminated(signum: int, frame: object) -> None:
+            _sigterm_taken.set()
+            raise _Terminated
+
+        _sigterm_taken.clear()
+        signal.signal(signal.SIGTERM, terminated)
+    except ValueError:  # not the main thread: SIGTERM keeps its own handling
+        return lambda: None
+    return lambda: signal.signal(signal.SIGTERM, previous)
+
+
+#: Set once this run of the command has taken a SIGTERM.
+_sigterm_taken = threading.Event()
+
+
 def main(argv: list[str] | None = None) -> int:
     """The ``vllm-rocm-asm-decode`` command. Ctrl-C ends it with one line and exit 130
-    (``bench serve`` first stops its server and keeps its results). A reader of stdout
+    (``bench serve`` first stops its server and keeps its results), SIGTERM the same
+    way with exit 143 (128 + SIGTERM). A reader of stdout
     that went away ends it quietly with :data:`EXIT_BROKEN_PIPE`; a stdout that cannot
     be written, with one line and exit 1. argparse's own exits (``--help``, a usage
     error) pass through as SystemExit. Paths of bytes that are not UTF-8 are printed
@@ -808,16 +843,20 @@ def main(argv: list[str] | None = None) -> int:
     real = sys.stdout
     if real is not None:  # None: started with stdout closed; print() then writes nothing
         sys.stdout = _GuardedStdout(real)
+    undo_sigterm = _take_sigterm_as_ctrl_c()
     try:
         try:
-            return _main(argv)
+            code = _main(argv)
+            # A command that took the SIGTERM as its Ctrl-C returned 130 for it.
+            return EXIT_TERMINATED if code == 130 and _sigterm_taken.is_set() else code
         finally:  # what is still buffered goes out here, inside the handlers below
             if sys.stdout is not None:
                 sys.stdout.flush()
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         # On a terminal the ^C (or a loading note) ends the line first.
-        _complain(("\n" if sys.stderr.isatty() else "") + f"{PROG}: interrupted")
-        return 130
+        said = "terminated (SIGTERM)" if isinstance(exc, _Terminated) else "interrupted"
+        _complain(("\n" if sys.stderr.isatty() else "") + f"{PROG}: {said}")
+        return EXIT_TERMINATED if isinstance(exc, _Terminated) else 130
     except BrokenPipeError:
         _drop(real)
         return EXIT_BROKEN_PIPE
@@ -828,6 +867,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     finally:
         sys.stdout = real
+        undo_sigterm()
 
 
 def _drop(stream) -> None:
@@ -940,7 +980,8 @@ def _bench_kernel(args: argparse.Namespace) -> int:
 
     problem = None
     for option, path in (("--json", args.json), ("--plot", args.plot)):
-        if path and (why := choices.unwritable(path)):
+        why = path and ((option == "--plot" and choices.not_png(path)) or choices.unwritable(path))
+        if why:
             problem = problem or f"{option} {path}: {why}"
     if problem is None and args.plot and find_spec("matplotlib") is None:
         problem = f"--plot {args.plot} needs matplotlib (pip install matplotlib)"

@@ -6,7 +6,9 @@ reply contains the passkey. The original change ran 24 prompts at 3K / 8K / 16K 
 tokens with 30 in flight, all passing in both arms. Prompts are made as they are sent,
 so only those in flight are held. ``--timeout`` is each request's whole time (connect,
 send, the reply read whole); a redirect is an error that names its target; what the
-server or the URL says is quoted with its control characters escaped.
+server or the URL says is quoted with its control characters escaped. Proxies are urllib's
+own (``http_proxy``, ``https_proxy``, ``no_proxy``): an error of a request sent through
+one names the proxy and the variable it came from.
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ import argparse
 import functools
 import http.client
 import json
+import os
 import random
+import re
 import socket
 import ssl
 import sys
@@ -123,6 +127,10 @@ class _TLSSocket(_Bounded, ssl.SSLSocket):
     pass
 
 
+class _ConnectTimeoutError(TimeoutError):
+    """The request's time ran out before a connection was made."""
+
+
 def _connect(address: tuple[str, int], deadline: _Deadline, source=None) -> _Socket:
     """``socket.create_connection`` with each address tried in the time left."""
     error: OSError = OSError(f"{address[0]} has no address")
@@ -136,7 +144,7 @@ def _connect(address: tuple[str, int], deadline: _Deadline, source=None) -> _Soc
             sock.settimeout(deadline.left())  # what TLS's handshake starts with
         except TimeoutError:
             sock.close()
-            raise
+            raise _ConnectTimeoutError("timed out") from None
         except OSError as exc:
             sock.close()
             error = exc
@@ -191,6 +199,54 @@ class _HTTPSHandler(urllib.request.HTTPSHandler):
         return self.do_open(connection, req, context=_tls_context())
 
 
+def _proxy_source(scheme: str, proxy: str) -> str:
+    """Where urllib found ``proxy`` for ``scheme`` requests: the variable it read (a
+    ``http_proxy`` wins over a ``HTTP_PROXY``), else the system's settings."""
+    names = [n for n, v in os.environ.items() if n.lower() == f"{scheme}_proxy" and v == proxy]
+    names.sort(key=lambda name: not name.endswith("_proxy"))
+    return names[0] if names else "the system's proxy settings"
+
+
+def _shown_proxy(proxy: str) -> str:
+    """``proxy`` as an error line quotes it: a user:password@ in it as ``***@``."""
+    return printable(re.sub(r"^((?:[^:/@]*:)?//)?[^/@]*@", r"\1***@", proxy))
+
+
+class _Proxies(urllib.request.ProxyHandler):
+    """urllib's proxies (``<scheme>_proxy``, ``no_proxy``; what ``build_opener`` adds when
+    it is not given one), each request told which it is offered and where that is from."""
+
+    def proxy_open(self, req, proxy, type):
+        req.proxy = f"the proxy {_shown_proxy(proxy)} (from {_proxy_source(type, proxy)})"
+        try:
+            return super().proxy_open(req, proxy, type)
+        except ValueError:  # urllib's "proxy URL with no authority" (http:/x)
+            raise ServerError(
+                f"{req.proxy} cannot be used: it is not a URL with a host (http://host:port)"
+            ) from None
+
+
+class _Request(urllib.request.Request):
+    """A request that keeps the proxy it is sent through (``via``, for its error lines);
+    a proxy it cannot be sent through is an error that names where it came from."""
+
+    proxy = ""  # what _Proxies offers
+    via = ""  # " through the proxy ... (from ...)" once urllib takes it
+
+    def set_proxy(self, host, type):
+        try:
+            if type not in ("http", "https"):
+                raise ValueError("urllib sends requests only through http:// and https:// ones")
+            where = urllib.parse.urlsplit(f"//{host}")
+            if not where.hostname:
+                raise ValueError("it names no host")
+            _ = where.port  # one not a number of 0-65535 raises
+        except ValueError as exc:
+            raise ServerError(f"{self.proxy} cannot be used: {printable(str(exc))}") from None
+        super().set_proxy(host, type)
+        self.via = f" through {self.proxy}"
+
+
 class _NoRedirects(urllib.request.HTTPRedirectHandler):
     """A 3xx is an error that names where it points: the prompt is not sent elsewhere
     (urllib would resend a POST as a GET for 301-303)."""
@@ -201,7 +257,38 @@ class _NoRedirects(urllib.request.HTTPRedirectHandler):
     http_error_301 = http_error_303 = http_error_307 = http_error_308 = http_error_302
 
 
-def _http_error(exc: urllib.error.HTTPError, url: str) -> str:
+def _bad_chunk_size(exc: BaseException) -> str | None:
+    """The chunk-size line of a chunked body that ``exc`` comes from, as Python shows it
+    (``b''`` where the body ended there): http.client raises int(line, 16)'s ValueError, or
+    an IncompleteRead that has it as its context."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        said, _, line = str(cause).partition(": ")
+        if isinstance(cause, ValueError) and said == "invalid literal for int() with base 16":
+            return line[:40]
+        cause = cause.__cause__ or cause.__context__
+    return None
+
+
+def _why_unread(exc: BaseException, timeout: float) -> str:
+    """Why a reply's body could not be read, as a line says it."""
+    if isinstance(exc, TimeoutError):
+        return f"the --timeout of {timeout:g} s ran out"
+    size = _bad_chunk_size(exc)
+    if size is not None and size != "b''":
+        return f"its chunked encoding is malformed: {printable(size)} is not a hex chunk size"
+    if isinstance(exc, http.client.IncompleteRead) or size is not None:
+        return "it was cut short"
+    if isinstance(exc, ConnectionResetError):
+        return "connection reset"
+    if isinstance(exc, OSError) and exc.strerror:
+        return printable(exc.strerror)
+    return printable(str(exc)[:200]) or type(exc).__name__
+
+
+def _http_error(exc: urllib.error.HTTPError, url: str, via: str, timeout: float) -> str:
     location = exc.headers.get("Location") if exc.headers is not None else None
     if 300 <= exc.code < 400 and location:
         try:
@@ -209,20 +296,48 @@ def _http_error(exc: urllib.error.HTTPError, url: str) -> str:
         except ValueError:  # not a URL (an unclosed [IPv6 address)
             target = location
         return (
-            f"HTTP {exc.code}: the server redirects to {printable(target[:300])} (requests are "
-            "not redirected: give the server's own URL)"
+            f"HTTP {exc.code}{via}: the server redirects to {printable(target[:300])} "
+            "(requests are not redirected: give the server's own URL)"
         )
     try:
         detail = exc.read(2000).decode(errors="replace")
-    except (OSError, http.client.HTTPException):  # out of time, or cut short
-        detail = ""
+    except (OSError, http.client.HTTPException, ValueError) as error:  # out of time, cut
+        return f"HTTP {exc.code}{via} (its body could not be read: {_why_unread(error, timeout)})"
     detail = " ".join(detail.split())[:300] or str(exc.reason)
     hint = (
         f" (no completions endpoint at {printable(url)}: is --base-url the vLLM server's?)"
         if exc.code == 404
         else ""
     )
-    return f"HTTP {exc.code}: {printable(detail)}{hint}"
+    return f"HTTP {exc.code}{via}: {printable(detail)}{hint}"
+
+
+def _not_http(exc: http.client.HTTPException, via: str) -> str:
+    """A reply http.client does not take, as a line says it."""
+    message = str(exc)
+    headers = re.fullmatch(r"got more than (\d+) headers", message)
+    if headers:
+        return f"the reply{via} has more than {headers[1]} header lines"
+    if isinstance(exc, http.client.BadStatusLine) or not message:
+        return f"the reply{via} is not an HTTP answer ({type(exc).__name__})"
+    return (
+        f"the reply{via} is not an HTTP answer ({type(exc).__name__}: {printable(message[:200])})"
+    )
+
+
+def _json_kind(value: object) -> str:
+    if isinstance(value, bool):
+        return json.dumps(value)
+    if isinstance(value, (int, float)):
+        return "a number"
+    return {list: "a list", dict: "an object"}.get(type(value), type(value).__name__)
+
+
+def _shown(reply: object) -> str:
+    try:
+        return printable(json.dumps(reply, ensure_ascii=False)[:300])
+    except (RecursionError, ValueError):
+        return type(reply).__name__
 
 
 def ask(base_url: str, model: str, prompt: Prompt, timeout: float) -> str:
@@ -232,43 +347,73 @@ def ask(base_url: str, model: str, prompt: Prompt, timeout: float) -> str:
         {"model": model, "prompt": prompt.text, "max_tokens": 16, "temperature": 0}
     ).encode()
     url = f"{base_url}/v1/completions"
-    request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
+    request = _Request(url, data=body, headers={"Content-Type": "application/json"})
     deadline = _Deadline(timeout)
     opener = urllib.request.build_opener(
-        _HTTPHandler(deadline), _HTTPSHandler(deadline), _NoRedirects
+        _Proxies(), _HTTPHandler(deadline), _HTTPSHandler(deadline), _NoRedirects
     )
-    late = f"no answer from {printable(url)} within {timeout:g} s (--timeout)"
+
+    def late() -> str:
+        return f"no answer from {printable(url)}{request.via} within {timeout:g} s (--timeout)"
+
     try:
-        with opener.open(request, timeout=timeout) as response:
-            declared = response.length  # Content-Length, None when not given or chunked
-            raw = response.read(MAX_REPLY_BYTES + 1)
+        response = opener.open(request, timeout=timeout)
     except urllib.error.HTTPError as exc:  # keep the server's reason (e.g. a 400's message)
-        raise ServerError(_http_error(exc, url)) from None
+        with exc:
+            raise ServerError(_http_error(exc, url, request.via, timeout)) from None
     except urllib.error.URLError as exc:  # the request never got an answer
         reason = exc.reason
+        if isinstance(reason, _ConnectTimeoutError):
+            raise ServerError(
+                f"no connection to {printable(url)}{request.via} within {timeout:g} s (--timeout)"
+            ) from None
         if isinstance(reason, TimeoutError):
-            raise ServerError(late) from None
-        why = getattr(reason, "strerror", None) or str(reason)
-        raise ServerError(f"cannot reach {printable(url)}: {printable(why)}") from None
-    except http.client.IncompleteRead as exc:  # a chunked body that stops mid-chunk
-        inner = exc.__cause__  # http.client's IncompleteRead of the chunk it was reading
-        got = len(exc.partial)
-        got += len(inner.partial) if isinstance(inner, http.client.IncompleteRead) else 0
+            raise ServerError(late()) from None
+        why = printable(getattr(reason, "strerror", None) or str(reason))
+        raise ServerError(f"cannot reach {printable(url)}{request.via}: {why}") from None
+    except http.client.InvalidURL as exc:  # a host:port http.client does not take
         raise ServerError(
-            f"the reply was cut short: its chunked body ended after {got} bytes"
+            f"the URL {printable(url)} cannot be used: {printable(str(exc))}"
+        ) from None
+    except http.client.RemoteDisconnected:  # closed where the reply's status line was due
+        raise ServerError(
+            f"no answer from {printable(url)}{request.via}: "
+            "the connection was closed before a reply"
         ) from None
     except http.client.HTTPException as exc:  # not HTTP
-        raise ServerError(f"the reply is not an HTTP answer ({type(exc).__name__})") from None
+        raise ServerError(_not_http(exc, request.via)) from None
     except TimeoutError:
-        raise ServerError(late) from None
+        raise ServerError(late()) from None
     except UnicodeError as exc:  # the URL's host cannot be encoded
         raise ServerError(
             f"the URL {printable(url)} cannot be used: {printable(str(exc))}"
         ) from None
-    except OSError as exc:
-        raise ServerError(
-            f"cannot reach {printable(url)}: {printable(exc.strerror or str(exc))}"
-        ) from None
+    except OSError as exc:  # reading the reply's head: the request went out (URLError if not)
+        why = printable(exc.strerror or str(exc))
+        raise ServerError(f"no answer from {printable(url)}{request.via}: {why}") from None
+    with response:
+        declared = response.length  # Content-Length, None when not given or chunked
+        try:
+            raw = response.read(MAX_REPLY_BYTES + 1)
+        except TimeoutError:
+            raise ServerError(late()) from None
+        except http.client.IncompleteRead as exc:  # a chunked body that stops mid-chunk
+            if _bad_chunk_size(exc) not in (None, "b''"):
+                raise ServerError(
+                    f"the reply{request.via} could not be read: {_why_unread(exc, timeout)}"
+                ) from None
+            inner = exc.__cause__  # http.client's IncompleteRead of the chunk it was reading
+            got = len(exc.partial)
+            got += len(inner.partial) if isinstance(inner, http.client.IncompleteRead) else 0
+            raise ServerError(
+                f"the reply{request.via} was cut short: its chunked body ended after {got} bytes"
+            ) from None
+        except http.client.HTTPException as exc:  # a chunk-size line over 64 KiB
+            raise ServerError(_not_http(exc, request.via)) from None
+        except (OSError, ValueError) as exc:  # reset, or a chunk size that is not a number
+            raise ServerError(
+                f"the reply{request.via} could not be read: {_why_unread(exc, timeout)}"
+            ) from None
     if len(raw) > MAX_REPLY_BYTES:
         raise ServerError(f"the reply is over {MAX_REPLY_BYTES} bytes: not a completion")
     if declared is not None and len(raw) < declared:
@@ -280,18 +425,19 @@ def ask(base_url: str, model: str, prompt: Prompt, timeout: float) -> str:
     except ValueError as exc:
         raise ServerError(f"the reply is not JSON ({printable(str(exc))})") from None
     choices = reply.get("choices") if isinstance(reply, dict) else None
-    if (
-        not isinstance(choices, list)
-        or not choices
-        or not isinstance(choices[0], dict)
-        or "text" not in choices[0]
-    ):
-        try:
-            text = printable(json.dumps(reply, ensure_ascii=False)[:300])
-        except (RecursionError, ValueError):
-            text = type(reply).__name__
-        raise ServerError(f"the reply has no completion text: {text}")
-    return str(choices[0]["text"])
+    text = (
+        choices[0].get("text")
+        if isinstance(choices, list) and choices and isinstance(choices[0], dict)
+        else None
+    )
+    if text is None:  # no choice, or no text in it, or a null one
+        raise ServerError(f"the reply has no completion text: {_shown(reply)}")
+    if not isinstance(text, str):
+        raise ServerError(
+            f'the reply is not a completion (its "text" is {_json_kind(text)}, not a string): '
+            f"{_shown(reply)}"
+        )
+    return text
 
 
 def make_prompts(lengths: Iterable[int], count: int, seed: int) -> Iterator[Prompt]:
