@@ -363,6 +363,8 @@ def test_the_kernel_test_file_passes_under_pytest_on_the_contract_model(
     selected = "not 4_gib and (not gqa_ratio or bf16-1 or fp16-5 or bf16-8)"
     if not harness.IN_TREE:  # the builder's own tests read stage 1's builder
         selected += " and not (share_tables or parts_the_layers or old_aiter)"
+    elif harness.STAGE == 3:  # the proposal lifts stage 1's cap of four tables
+        selected += " and not fifth_table"
     args = [kernel_tests.__file__, "-q", "-p", "no:cacheprovider", "-k", selected]
     try:
         code = pytest.main([*args, "--import-mode=importlib", "-W", "ignore"],
