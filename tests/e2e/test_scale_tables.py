@@ -143,7 +143,7 @@ def test_a_weight_reload_refills_the_tables_the_captured_step_reads(tmp_path, ke
 
 def assert_every_layer_decodes_on_asm_at_its_scales(model, plugin_log, seed: int) -> None:
     """The next step after a reload: every layer on asm, each matching fp32 at its
-    layer's scales now, and no error line about tables left behind."""
+    layer's scales now, and no line about tables left behind."""
     batch = harness.make_batch(model, [40] * 16, seed=seed)
     harness.fill_context(model, batch)
     metadata = model.builder.build(0, batch.common)
@@ -197,7 +197,7 @@ def test_a_diverging_reload_of_allocated_shared_tables_sends_those_layers_to_hip
     captured graph; without graphs (--enforce-eager) it can fall back. The table keeps
     its scale, right for the layers that kept theirs
     (here the first, and the third whose V scale is the others' K scale): they keep asm.
-    One error line names the moved layer and says what to do; its eager steps run HIP."""
+    One warning names the moved layer and says what to do; its eager steps run HIP."""
     from vllm.config import CUDAGraphMode
 
     stock = harness.spy_stock_path(monkeypatch)

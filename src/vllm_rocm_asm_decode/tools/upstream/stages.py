@@ -249,7 +249,7 @@ _STAGE_1_RELOAD = """\
             why = f"Reloaded KV scales of {names} left their shared asm scale tables"
             if self.vllm_config.compilation_config.cudagraph_mode.separate_routine():
                 raise RuntimeError(f"{why}; restart vLLM (graphs hold the old scales)")
-            logger.error("%s: they now use the HIP decode", why)
+            logger.warning("%s: they now use the HIP decode", why)
         self._asm_scales = {x: t for x, t in self._asm_scales.items() if x not in stale}
         self._asm_filled = {x: now[x] for x in self._asm_scales}"""
 
@@ -272,8 +272,8 @@ _BUILD_DECIDE = """\
 """
 
 _FORWARD_ASM = """\
-        scales = attn_metadata.asm_scales and attn_metadata.asm_scales.get(layer)
-        if attn_metadata.use_asm_decode and scales and output_scale is None:
+        asm = attn_metadata.use_asm_decode and output_scale is None
+        if asm and (scales := attn_metadata.asm_scales.get(layer)) is not None:
             rocm_aiter_ops.pa_fwd_asm(
                 Q=query[:num_actual_tokens],
                 K=key_cache,

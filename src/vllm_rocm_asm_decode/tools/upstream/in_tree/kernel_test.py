@@ -238,6 +238,7 @@ def test_layers_at_one_scale_share_tables_and_a_fifth_table_keeps_hip(tmp_path):
     the last layer would add a fifth and a sixth, so it keeps the HIP decode."""
     model, step, _ = decode(tmp_path, scales=[(1, 1), (1, 1), (0.5, 2), (0.25, 4)])
     tables = model.builder.build(0, step).asm_scales
+    assert model.builder._asm_cut == 2 * current_platform.num_compute_units()
     (k0, v0), (k1, v1), (k2, v2) = (tables[x] for x in model.layers[:3])
     assert k0 is k1 and v0 is v1 and len({k0, v0, k2, v2}) == 4
     ratios = [(t / k0).unique().tolist() for t in (v0, k2, v2)]  # e4m3fnuz doubles
@@ -248,12 +249,15 @@ def test_layers_at_one_scale_share_tables_and_a_fifth_table_keeps_hip(tmp_path):
 @requires_asm
 @pytest.mark.parametrize("mode", ["NONE", "FULL_AND_PIECEWISE"])
 def test_a_reload_that_parts_the_layers_of_a_table(tmp_path, mode):
-    """Eager, the layer that moved goes back to HIP (one error line); where FULL decode
-    graphs replay the old table, build() stops rather than decode at a stale scale."""
+    """Layers moving together refill their table in place. Then, eager, the layer that
+    moves alone goes back to HIP (one warning); where FULL decode graphs replay the old
+    table, build() stops rather than decode at a stale scale."""
     model, step, _ = decode(tmp_path, scales=[(1, 1), (1, 1)])
     model.config.compilation_config.cudagraph_mode = CUDAGraphMode[mode]
-    model.builder.build(0, step)
-    reload_weights(model.config, model, kv_scales((1, 1), (0.5, 1)), None, True)
+    k, v = model.builder.build(0, step).asm_scales[model.attn]
+    reload_weights(model.config, model, kv_scales((2, 1), (2, 1)), None, True)
+    assert len(model.builder.build(0, step).asm_scales) == 2 and (k / v).unique() == 2
+    reload_weights(model.config, model, kv_scales((2, 1), (0.5, 1)), None, True)
     if mode == "NONE":
         assert list(model.builder.build(0, step).asm_scales) == [model.attn]
     else:
