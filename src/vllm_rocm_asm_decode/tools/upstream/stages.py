@@ -272,8 +272,8 @@ _BUILD_DECIDE = """\
 """
 
 _FORWARD_ASM = """\
-        asm = attn_metadata.use_asm_decode and output_scale is None
-        if asm and (scales := attn_metadata.asm_scales.get(layer)) is not None:
+        scales = attn_metadata.asm_scales and attn_metadata.asm_scales.get(layer)
+        if attn_metadata.use_asm_decode and scales and output_scale is None:
             rocm_aiter_ops.pa_fwd_asm(
                 Q=query[:num_actual_tokens],
                 K=key_cache,
