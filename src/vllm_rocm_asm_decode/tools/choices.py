@@ -9,6 +9,7 @@ import json
 import math
 import os
 import re
+import shutil
 import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -554,6 +555,16 @@ def unwritable(path: str) -> str | None:
     if not os.access(parent, os.W_OK | os.X_OK):
         return f"{parent} is not writable"
     return None
+
+
+def not_executable(value: str, hint: str) -> str | None:
+    """Why ``value`` (a name on ``PATH`` or a path) is not a program to run, as a phrase
+    after it; None when it is one. ``hint`` says where the program should come from."""
+    if shutil.which(value) is not None:
+        return None
+    if os.sep in value and os.path.exists(value):
+        return "is not an executable file (chmod +x it)"
+    return f"no such executable ({hint})"
 
 
 def not_png(path: str) -> str | None:

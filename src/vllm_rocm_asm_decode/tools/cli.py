@@ -586,29 +586,21 @@ def _plan(args: argparse.Namespace) -> int:
 
 
 def _bench_serve(args: argparse.Namespace) -> int:
-    import shutil
     import socket
-    from importlib.util import find_spec
     from pathlib import Path
 
     from .validation import serve_bench as sb
 
     # What can be judged before starting servers for an hour.
     problem = None
-    if shutil.which(args.vllm) is None:
-        problem = f"--vllm {args.vllm}: " + (
-            "is not an executable file (chmod +x it, or give vLLM's vllm)"
-            if os.sep in args.vllm and os.path.exists(args.vllm)
-            else "no such executable (is vLLM installed and on PATH?)"
-        )
+    if why := choices.not_executable(args.vllm, "is vLLM installed and on PATH?"):
+        problem = f"--vllm {args.vllm}: {why}"
     elif why := choices.uncreatable_dir(args.result_dir):
         problem = f"--result-dir {args.result_dir} {why}"
     elif args.json and (why := choices.unwritable(args.json)):
         problem = f"--json {args.json}: {why}"
-    elif args.plot and (why := choices.not_png(args.plot) or choices.unwritable(args.plot)):
-        problem = f"--plot {args.plot}: {why}"
-    elif args.plot and find_spec("matplotlib") is None:
-        problem = f"--plot {args.plot} needs matplotlib (pip install matplotlib)"
+    elif plot := _plot_problem(args.plot):
+        problem = plot
     elif bad := choices.plugin_settings_problem():
         problem = bad
     else:
@@ -973,18 +965,27 @@ def _main(argv: list[str] | None) -> int:
     raise AssertionError(args.command)
 
 
-def _bench_kernel(args: argparse.Namespace) -> int:
+def _plot_problem(path: str | None) -> str | None:
+    """Why a ``--plot`` cannot be written after the run, said before it; None when it
+    can (or none was asked for): a .png name, writable, and matplotlib there."""
     from importlib.util import find_spec
 
+    if not path:
+        return None
+    if why := choices.not_png(path) or choices.unwritable(path):
+        return f"--plot {path}: {why}"
+    if find_spec("matplotlib") is None:
+        return f"--plot {path} needs matplotlib (pip install matplotlib)"
+    return None
+
+
+def _bench_kernel(args: argparse.Namespace) -> int:
     from .validation import kernel_bench as kb
 
     problem = None
-    for option, path in (("--json", args.json), ("--plot", args.plot)):
-        why = path and ((option == "--plot" and choices.not_png(path)) or choices.unwritable(path))
-        if why:
-            problem = problem or f"{option} {path}: {why}"
-    if problem is None and args.plot and find_spec("matplotlib") is None:
-        problem = f"--plot {args.plot} needs matplotlib (pip install matplotlib)"
+    if args.json and (why := choices.unwritable(args.json)):
+        problem = f"--json {args.json}: {why}"
+    problem = problem or _plot_problem(args.plot)
     if problem is None and args.skew and not kb.skew_setup(args)[3]:
         problem = (
             f"--skew times long sequences of up to {kb.SKEW_LONG[-1]} tokens among short "

@@ -41,6 +41,7 @@ from .choices import (
     DEFAULT_GPU,
     DEFAULT_PRESET,
     GPUS,
+    MAX_CONFIG_BYTES,
     MAX_LAYERS,
     Gpu,
     InputError,
@@ -208,12 +209,11 @@ def _broken_json(model_dir: Path) -> str | None:
     no file. None when each does (or is too large to look at)."""
     for path in sorted(model_dir.glob("*.json")):
         try:
-            if not path.is_file() or path.stat().st_size > 16 * 2**20:
+            if not path.is_file() or path.stat().st_size > MAX_CONFIG_BYTES:
                 continue
             json.loads(path.read_bytes())
         except (OSError, ValueError, RecursionError) as exc:
-            why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            return f"its {path.name} is not JSON ({why})"
+            return f"its {path.name} is not JSON ({first_line(exc)})"
     return None
 
 

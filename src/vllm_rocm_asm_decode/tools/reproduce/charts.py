@@ -29,9 +29,7 @@ def plot_tpot(rows: list[sb.Row], model: str, path: Path) -> None:
     ax.set_ylabel("median TPOT, ms")
     ax.set_title(model)
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120, format="png")
-    plt.close(fig)
+    plots._save(plt, fig, path)
 
 
 def draw(results: dict[str, dict[str, Any] | None], model: str, root: Path) -> dict[str, str]:

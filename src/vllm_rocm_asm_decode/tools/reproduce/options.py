@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import socket
 from collections.abc import Callable
 from pathlib import Path
@@ -112,11 +111,8 @@ def settings_of(args: argparse.Namespace) -> Settings:
 
 
 def _executable(option: str, value: str, hint: str) -> str | None:
-    if shutil.which(value) is not None:
-        return None
-    if os.sep in value and os.path.exists(value):
-        return f"{option} {value}: is not an executable file (chmod +x it)"
-    return f"{option} {value}: no such executable ({hint})"
+    why = choices.not_executable(value, hint)
+    return f"{option} {value}: {why}" if why else None
 
 
 #: The directories a reproduction keeps in ``--out``, beside ``reproduction.json``.

@@ -219,8 +219,8 @@ def _installed_under(root: Path, rels: tuple[Path, ...]) -> Path | None:
     ancestors looked at."""
     looked: set[Path] = set()
     for rel in rels:
-        directory = next(p for p in (root / rel).parents if p.exists())
-        for home in [directory.resolve(), *directory.resolve().parents]:
+        directory = next(p for p in (root / rel).parents if p.exists()).resolve()
+        for home in [directory, *directory.parents]:
             if home in looked:
                 continue
             looked.add(home)

@@ -371,7 +371,7 @@ def ask(base_url: str, model: str, prompt: Prompt, timeout: float) -> str:
             raise ServerError(late()) from None
         why = printable(getattr(reason, "strerror", None) or str(reason))
         raise ServerError(f"cannot reach {printable(url)}{request.via}: {why}") from None
-    except http.client.InvalidURL as exc:  # a host:port http.client does not take
+    except (http.client.InvalidURL, UnicodeError) as exc:  # a bad host:port or host name
         raise ServerError(
             f"the URL {printable(url)} cannot be used: {printable(str(exc))}"
         ) from None
@@ -384,10 +384,6 @@ def ask(base_url: str, model: str, prompt: Prompt, timeout: float) -> str:
         raise ServerError(_not_http(exc, request.via)) from None
     except TimeoutError:
         raise ServerError(late()) from None
-    except UnicodeError as exc:  # the URL's host cannot be encoded
-        raise ServerError(
-            f"the URL {printable(url)} cannot be used: {printable(str(exc))}"
-        ) from None
     except OSError as exc:  # reading the reply's head: the request went out (URLError if not)
         why = printable(exc.strerror or str(exc))
         raise ServerError(f"no answer from {printable(url)}{request.via}: {why}") from None

@@ -19,6 +19,13 @@ def _pyplot():
     return plt
 
 
+def _save(plt, fig, path) -> None:
+    """The figure as a PNG at ``path`` exactly (whatever its suffix), then closed."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=120, format="png")
+    plt.close(fig)
+
+
 def plot_serve(rows: Sequence[Any], baseline: str, model: str, path: str) -> None:
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
@@ -30,9 +37,7 @@ def plot_serve(rows: Sequence[Any], baseline: str, model: str, path: str) -> Non
     ax.set_ylabel("output tok/s")
     ax.set_title(model)
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120, format="png")
-    plt.close(fig)
+    _save(plt, fig, path)
 
 
 def plot_kernel(timings: Sequence[Any], cut: int | None, path: str) -> None:
@@ -52,9 +57,7 @@ def plot_kernel(timings: Sequence[Any], cut: int | None, path: str) -> None:
     ax.set_xlabel("sequences (grey: the cut)")
     ax.set_ylabel("µs per impl.forward (CUDA graph)")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120, format="png")
-    plt.close(fig)
+    _save(plt, fig, path)
 
 
 def plot_skew(timings: Sequence[Any], path: str) -> None:
@@ -71,6 +74,4 @@ def plot_skew(timings: Sequence[Any], path: str) -> None:
     ax.set_ylabel("µs per impl.forward (CUDA graph)")
     ax.set_title(f"{first.num_heads}/{first.num_kv_heads} heads")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120, format="png")
-    plt.close(fig)
+    _save(plt, fig, path)

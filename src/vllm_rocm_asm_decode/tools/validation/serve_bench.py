@@ -75,14 +75,20 @@ OWNED_SERVE_OPTIONS = {
 }
 
 
+def _option_name(arg: str) -> str:
+    """The option ``arg`` names as vLLM reads it (``--a_b=v`` and ``--a_b v`` as
+    ``--a-b``); its first word when it is no option."""
+    head = arg.strip().split("=", 1)[0].split()[0] if arg.strip() else ""
+    return head if not head.startswith("--") else "--" + head[2:].replace("_", "-")
+
+
 def owned_serve_option(arg: str) -> str | None:
     """The harness-owned ``vllm serve`` option ``arg`` sets, if it may set one. vLLM
     reads ``--a_b`` as ``--a-b`` and ``--a=v`` as ``--a v``, and its parser (argparse,
     abbreviations allowed) takes a prefix of an option for the option: ``--po`` or
     ``--max-model`` may set ``--port`` or ``--max-model-len``, ``-t`` sets ``-tp``. No
     ``vllm serve`` option of 0.33 is itself a prefix of one of these."""
-    head = arg.strip().split("=", 1)[0].split()[0] if arg.strip() else ""
-    name = head if not head.startswith("--") else "--" + head[2:].replace("_", "-")
+    name = _option_name(arg)
     if name in OWNED_SERVE_OPTIONS:
         return name
     if not re.fullmatch(r"--[^-].*|-[^-]", name):
@@ -194,8 +200,7 @@ class ServeConfig:
             owned = owned_serve_option(arg)
             if owned is not None:
                 ours = OWNED_SERVE_OPTIONS[owned]
-                said = arg.strip().split("=", 1)[0].split()[0]
-                read = "" if said.replace("_", "-") == owned else f"vLLM may read it as {owned}; "
+                read = "" if _option_name(arg) == owned else f"vLLM may read it as {owned}; "
                 raise ValueError(
                     f"--serve-arg {arg}: {read}bench serve sets {owned} itself"
                     + (f"; use bench serve's {ours}" if ours else " (both arms need it)")
