@@ -117,6 +117,10 @@ CASES = {
         ["bench", "kernel", "--plot", "plot"],
         "--plot plot: the plot is a PNG: give a path ending in .png",
     ),
+    "serve-vllm-empty": (
+        ["bench", "serve", "--model", "m", "--vllm", ""],
+        "bench serve: error: argument --vllm: must not be empty",
+    ),
     "serve-vllm-not-executable": (
         ["bench", "serve", "--model", "m", "--vllm", __file__],
         f"--vllm {__file__}: is not an executable file (chmod +x it",

@@ -361,7 +361,12 @@ def _add_bench_serve(bench) -> None:
         default="asm-decode-serve-results",
         help="where result files and server logs go (default asm-decode-serve-results)",
     )
-    p.add_argument("--vllm", default="vllm", help="the vllm executable (default: vllm on PATH)")
+    p.add_argument(
+        "--vllm",
+        type=choices.nonempty,
+        default="vllm",
+        help="the vllm executable (default: vllm on PATH)",
+    )
     p.add_argument(
         "--health-timeout",
         type=choices.seconds,

@@ -73,9 +73,15 @@ def add_parser(sub, documented: Callable[..., argparse.ArgumentParser]) -> None:
     p.add_argument(
         "--port", type=choices.port, default=8000, help="the servers' port (default 8000)"
     )
-    p.add_argument("--vllm", default="vllm", help="the vllm executable (default: vllm on PATH)")
+    p.add_argument(
+        "--vllm",
+        type=choices.nonempty,
+        default="vllm",
+        help="the vllm executable (default: vllm on PATH)",
+    )
     p.add_argument(
         "--lm-eval",
+        type=choices.nonempty,
         default="lm_eval",
         metavar="EXE",
         help="the lm_eval executable, for GSM8K (default: lm_eval on PATH; pip install "
@@ -83,6 +89,7 @@ def add_parser(sub, documented: Callable[..., argparse.ArgumentParser]) -> None:
     )
     p.add_argument(
         "--gpu-tools",
+        type=choices.nonempty,
         default=None,
         metavar="EXE",
         help="the executable that runs doctor and bench kernel (default: this package's "
