@@ -119,9 +119,12 @@ def in_tree_names() -> tuple[str, ...]:
 
 
 def privatized(text: str) -> str:
-    """``text`` with every name of :func:`in_tree_names` made private (not attributes:
-    ``metadata.use_asm_decode`` stays)."""
-    pattern = r"(?<![.\w])(" + "|".join(map(re.escape, in_tree_names())) + r")\b"
+    """``text`` with every name of :func:`in_tree_names` made private, but not
+    attributes or keyword arguments: ``metadata.use_asm_decode`` and
+    ``f(use_asm_decode=False)`` stay (formatted code: an assignment has spaces around
+    its ``=``, a keyword argument none)."""
+    names = "|".join(map(re.escape, in_tree_names()))
+    pattern = r"(?<![.\w])(" + names + r")\b(?!=(?!=))"
     return re.sub(pattern, r"_\1", text)
 
 

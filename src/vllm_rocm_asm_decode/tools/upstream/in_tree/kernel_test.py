@@ -1,8 +1,9 @@
 """ROCM_ATTN's asm decode: AITER's pa_fwd_asm (high_precision=2) on ROCM_ATTN's own fp8
-KV cache, through the metadata builder and forward, against fp32 and the HIP decode.
-The kernel tests need AITER >= 0.1.17 on a gfx942/gfx950 GPU; the rest run anywhere."""
+KV cache, through the metadata builder and forward, against the HIP decode. The kernel
+tests need AITER >= 0.1.17 on a gfx942/gfx950 GPU; the rest run anywhere."""
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -22,14 +23,13 @@ from vllm.utils.math_utils import cdiv
 from vllm.v1.attention.backend import CommonAttentionMetadata
 from vllm.v1.attention.backends.registry import AttentionBackendEnum
 from vllm.v1.attention.backends.rocm_attn import RocmAttentionImpl
-from vllm.v1.attention.ops.paged_attn import PagedAttention
 from vllm_rocm_asm_decode.core import asm_decode_rejections, use_asm_decode
 
 DEVICE, HEAD, BLOCK, PAD = "cuda", 128, 16, 8
 CONTEXTS = [1, 15, 16, 17, 255, 1000, 4000]
-# Against fp32 on an fp8 cache (MI355X, with headroom): HIP max 0.0072; asm at
-# high_precision=2 max 0.026, mean 0.00078.
-HIP_MAX, ASM_MAX, ASM_MEAN = 0.0144, 0.039, 0.0016
+# Measured against fp32 on MI355X: asm (high_precision=2) max 0.026, mean 0.00078; HIP
+# max 0.0072, mean 0.00018. asm against HIP, with headroom:
+ASM_MAX, ASM_MEAN = 0.05, 0.002
 try:  # AITER before 0.1.17 misreads block ids >= 65536: the decode keeps HIP
     from aiter._version import __version__
 
@@ -60,6 +60,11 @@ def llama(path, heads=40, kvh=8, **kw):
     return cfg.ModelConfig(str(path), skip_tokenizer_init=True, **kw)
 
 
+def kv_scales(*layers):  # each layer's (K, V) scales, as a checkpoint's weights
+    names = [f"layers.{i}.{kv}_scale" for i in range(len(layers)) for kv in "kv"]
+    return list(zip(names, map(torch.tensor, sum(layers, ())), strict=True))
+
+
 class Model(torch.nn.Module):
     """ROCM_ATTN layers of an fp8 checkpoint (their K/V scales loaded, and reloaded, by
     vLLM's loader) on one random fp8 KV cache bound as vLLM binds it, and a builder."""
@@ -68,8 +73,8 @@ class Model(torch.nn.Module):
         self, path, heads, kvh, blocks, dtype=torch.bfloat16, scales=((0.5, 2),)
     ):
         super().__init__()
-        model = llama(path, heads, kvh, dtype=dtype, max_model_len=4096)
-        cache, dev = cfg.CacheConfig(cache_dtype="fp8", block_size=BLOCK), DEVICE
+        model, dev = llama(path, heads, kvh, dtype=dtype, max_model_len=4096), DEVICE
+        cache = cfg.CacheConfig(cache_dtype="fp8", block_size=BLOCK)
         self.config = cfg.VllmConfig(model, cache, device_config=cfg.DeviceConfig(dev))
         fp8 = dict(cache_config=cache, quant_config=Fp8Config())
         with cfg.set_current_vllm_config(self.config):
@@ -89,9 +94,8 @@ class Model(torch.nn.Module):
             layer.kv_cache = codes.transpose(0, 1)  # vLLM's [blocks, 2, ...] view
         backend = AttentionBackendEnum.ROCM_ATTN.get_class()
         spec = backend.customize_spec(self.attn.get_kv_cache_spec(self.config))
-        self.builder = backend.get_builder_cls()(
-            spec, [x.layer_name for x in self.layers], self.config, torch.device(dev)
-        )
+        names, dev = [x.layer_name for x in self.layers], torch.device(dev)
+        self.builder = backend.get_builder_cls()(spec, names, self.config, dev)
 
     @property
     def attn(self):
@@ -108,34 +112,8 @@ class Model(torch.nn.Module):
         self.attn.impl.forward(self.attn, query, kv, kv, self.attn.kv_cache, meta, out)
         return out
 
-    def reference(self, query, step):
-        """fp32 attention at the layer's scales over the cache as vLLM lays it out, of
-        the step's rows that have a context."""
-        kvh, fp8 = self.attn.num_kv_heads, current_platform.fp8_dtype()
-        cache = self.attn.kv_cache.transpose(0, 1).view(fp8)
-        k, v = (
-            x.float().cpu() for x in PagedAttention.split_kv_cache(cache, kvh, HEAD)
-        )
-        k = k.permute(0, 3, 1, 2, 4).flatten(3) * self.attn._k_scale_float
-        v = v.permute(0, 3, 1, 2) * self.attn._v_scale_float  # [block, slot, head, d]
-        rows, lens = [], step.seq_lens_cpu_upper_bound.tolist()
-        queries = query.float().cpu().unflatten(1, (kvh, -1))
-        for q, n, pages in zip(
-            queries, lens, step.block_table_tensor.cpu(), strict=True
-        ):
-            if n:  # not a padding row
-                kk, vv = (x[pages].reshape(-1, kvh, HEAD)[:n] for x in (k, v))
-                s = torch.einsum("kgd,tkd->kgt", q, kk) * HEAD**-0.5
-                rows.append(torch.einsum("kgt,tkd->kgd", s.softmax(-1), vv))
-        return torch.stack(rows).flatten(1, 2)
-
-
-def kv_scales(*layers):  # a checkpoint's K and V scales of each layer, as its weights
-    return [
-        (f"layers.{i}.{kv}_scale", torch.tensor(scale))
-        for i, (k, v) in enumerate(layers)
-        for kv, scale in (("k", k), ("v", v))
-    ]
+    def hip(self, query, meta):  # the HIP decode's answer for the rows with a context
+        return self.run(query, replace(meta, use_asm_decode=False))[:-PAD].float()
 
 
 def common(seq_lens, pages, query_lens=None, device=None):
@@ -145,7 +123,7 @@ def common(seq_lens, pages, query_lens=None, device=None):
     lens = torch.tensor(seq_lens, dtype=torch.int32)
     table = pad_sequence([torch.tensor(p, dtype=torch.int32) for p in pages], True)
     return CommonAttentionMetadata(
-        query_start_loc=start.to(device),
+        query_start_loc=start.to(device, copy=True),  # a capture zeroes it
         query_start_loc_cpu=start,
         seq_lens=lens.to(device, copy=True),  # a capture fills it with 1
         seq_lens_cpu_upper_bound=lens,
@@ -175,24 +153,20 @@ def decode(tmp_path, heads=40, kvh=8, **kw):
 @pytest.mark.parametrize("gqa", range(1, 9))
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 def test_every_admitted_gqa_ratio(tmp_path, monkeypatch, gqa, dtype):
-    """asm (one ultra-precision call) and HIP each within their bound of fp32 at K/V
-    scales 0.5/2 (a swapped or missing scale is off by 4x), finite on padding rows."""
+    """One ultra-precision call within its bound of the HIP decode at K/V scales 0.5/2
+    (a swapped or missing scale is off by 4x), finite on the padding rows."""
     import aiter
 
     model, step, query = decode(tmp_path, 8 * gqa, 8, dtype=dtype)
-    metadata = model.builder.build(0, step)
+    metadata, pa, calls = model.builder.build(0, step), aiter.pa_fwd_asm, []
     assert metadata.use_asm_decode
-    ref, pa, calls = model.reference(query, step), aiter.pa_fwd_asm, []
     monkeypatch.setattr(aiter, "pa_fwd_asm", lambda **kw: calls.append(kw) or pa(**kw))
-    asm = model.run(query, metadata).float().cpu()
-    assert [kw["high_precision"] for kw in calls] == [2]
-    torch.testing.assert_close(asm[:-PAD], ref, atol=ASM_MAX, rtol=0)
-    assert (asm[:-PAD] - ref).abs().mean() <= ASM_MEAN and asm.isfinite().all()
-    metadata.use_asm_decode = False
-    hip = model.run(query, metadata).float().cpu()
-    torch.testing.assert_close(hip[:-PAD], ref, atol=HIP_MAX, rtol=0)
+    asm, hip = model.run(query, metadata).float(), model.hip(query, metadata)
+    assert [kw["high_precision"] for kw in calls] == [2] and asm.isfinite().all()
+    torch.testing.assert_close(asm[:-PAD], hip, atol=ASM_MAX, rtol=0)
+    assert (asm[:-PAD] - hip).abs().mean() <= ASM_MEAN
     if DEVICE == "cuda":  # two kernels round apart
-        assert not torch.equal(asm, hip), "the asm step ran the HIP decode"
+        assert not torch.equal(asm[:-PAD], hip), "the asm step ran the HIP decode"
 
 
 @requires_asm
@@ -219,17 +193,17 @@ def test_a_captured_graph_replays_asm_and_follows_a_weight_reload(tmp_path):
     model, step, query = decode(tmp_path, scales=[(1, 1)])
     metadata = model.builder.build_for_cudagraph_capture(step)
     assert metadata.use_asm_decode
-    metadata.seq_lens.copy_(step.seq_lens_cpu_upper_bound)  # the capture set them to 1
+    metadata.seq_lens.copy_(step.seq_lens_cpu_upper_bound)  # as vLLM's runner does
+    step.query_start_loc.copy_(step.query_start_loc_cpu)
     out, graph = torch.zeros_like(query), torch.cuda.CUDAGraph()
     model.run(query, metadata, out)  # warm up
     with torch.cuda.graph(graph):
         model.run(query, metadata, out)
     for scales in ((1, 0.5), (0.25, 4)):
         reload_weights(model.config, model, kv_scales(scales), None, True)
-        model.builder.build(0, step)
+        hip = model.hip(query, model.builder.build(0, step))
         graph.replay()
-        ref = model.reference(query, step)
-        torch.testing.assert_close(out[:-PAD].float().cpu(), ref, atol=ASM_MAX, rtol=0)
+        torch.testing.assert_close(out[:-PAD].float(), hip, atol=ASM_MAX, rtol=0)
 
 
 @requires_asm
