@@ -47,6 +47,7 @@ from vllm.v1.attention.backends.rocm_attn import (
     RocmAttentionMetadata,
     RocmAttentionMetadataBuilder,
 )
+from vllm.v1.attention.backends.utils import get_num_attention_heads_from_layers
 from vllm.v1.attention.ops import chunked_prefill_paged_decode as stock_ops
 from vllm.v1.kv_cache_interface import AttentionSpec
 
@@ -336,6 +337,9 @@ class RocmAsmDecodeMetadataBuilder(RocmAttentionMetadataBuilder):
         device: torch.device,
     ) -> None:
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
+        # The cut counts these layers' query heads: a drafter's may not be the model's.
+        heads = get_num_attention_heads_from_layers(vllm_config, layer_names)
+        self.num_heads_q = heads or self.num_heads_q
         # This builder only: the builders vLLM derives from it keep the stock decode.
         own = type(self) is RocmAsmDecodeMetadataBuilder
         #: None: the asm decode is off for this builder, for good.

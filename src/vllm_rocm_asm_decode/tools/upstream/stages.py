@@ -174,21 +174,19 @@ _METADATA_FIELDS = """\
     asm_scales: dict[torch.nn.Module, tuple[torch.Tensor, torch.Tensor]] | None = None"""
 
 _BUILDER_INIT = """\
-
-        self._asm_cut = 0  # set when the layers are bound, at the first build()
+        self._asm_cut = self._asm_heads = 0  # set when the layers are bound (build())
         self._asm_scales: dict[torch.nn.Module, tuple[torch.Tensor, torch.Tensor]] = {}
         self._asm_filled: dict[torch.nn.Module, tuple[float, float]] = {}"""
 
 _STAGE_1_CAP = """\
             keys = list(enumerate(scales))  # K and V tables apart: (0 or 1, scale)
-            if len(tables.keys() | set(keys)) > 4:  # outside vLLM's memory budget
+            if len(tables.keys() | set(keys)) > 4:  # allocated past the KV cache sizing
                 reasons.append("a fifth KV scale table")
 """
 
 _STAGE_1_TABLES = """\
             for key in set(keys) - tables.keys():
-                full = torch.full(shape, key[1], dtype=torch.float, device=self.device)
-                tables[key] = full
+                tables[key] = layer.kv_cache.new_full(shape, key[1], dtype=torch.float)
             self._asm_scales[layer] = (tables[keys[0]], tables[keys[1]])
             self._asm_filled[layer] = scales
 """
@@ -202,7 +200,8 @@ _STAGE_1_BIND = (
 
         layers = self.vllm_config.compilation_config.static_forward_context
         model, mi3xx = self.vllm_config.model_config, on_mi3xx()
-        self._asm_cut = _ASM_HEADS_PER_CU * num_compute_units(self.device.index or 0)
+        cus = current_platform.num_compute_units(self.device.index or 0)
+        self._asm_cut = _ASM_HEADS_PER_CU * cus
         try:  # AITER before 0.1.17 misreads KV block ids >= 65536 (AITER issue 3062)
             from aiter._version import __version__ as aiter_version
 
@@ -212,7 +211,7 @@ _STAGE_1_BIND = (
         tables: dict[tuple[int, float], torch.Tensor] = {}  # by (K 0 / V 1, scale)
         for layer in (layers[name] for name in self.layer_names):
             reasons = _asm_decode_rejections(layer.impl, layer.kv_cache, model, mi3xx)
-            reasons += [] if aiter_ok else ["an AITER before 0.1.17"]
+            reasons += [] if aiter_ok else ["an AITER before 0.1.17 or unversioned"]
             scales = (layer._k_scale_float, layer._v_scale_float)
 """
     + _STAGE_1_CAP
@@ -220,13 +219,14 @@ _STAGE_1_BIND = (
             if reasons:
                 logger.debug("%s keeps HIP: %s", layer.layer_name, ", ".join(reasons))
                 continue
+            self._asm_heads = layer.impl.num_heads  # a drafter's, not the model's
             shape = (layer.kv_cache.shape[0], layer.impl.num_kv_heads, _ASM_BLOCK_SIZE)
 """
     + _STAGE_1_TABLES
     + """\
-        bound, total = len(self._asm_scales), len(self.layer_names)
+        n, total = len(self._asm_scales), len(self.layer_names)
         msg = "ROCM_ATTN: AITER pa_fwd_asm decodes %d of %d layers above %d query heads"
-        logger.info_once(msg, bound, total, self._asm_cut)
+        (logger.info_once if n else logger.debug_once)(msg, n, total, self._asm_cut)
 """
 )
 
@@ -235,6 +235,8 @@ _STAGE_1_RELOAD = """\
     def _follow_asm_reload(self) -> None:
         \"\"\"After a weight reload, refill the scale tables in place: graphs hold them.\"\"\"
         now = {x: (x._k_scale_float, x._v_scale_float) for x in self._asm_filled}
+        if now == self._asm_filled:  # no weight reload since (host floats: no sync)
+            return
         wanted: dict[torch.Tensor, set[float]] = {}
         for layer, tables in self._asm_scales.items():
             for table, scale in zip(tables, now[layer], strict=True):
@@ -265,17 +267,14 @@ _BUILD_DECIDE = """\
             and rocm_aiter_ops.is_mha_enabled()
         ):
             self._bind_asm_decode()
-        elif list(self._asm_filled.values()) != [
-            (x._k_scale_float, x._v_scale_float) for x in self._asm_filled
-        ]:  # a weight reload set new scales (host floats: no sync)
-            self._follow_asm_reload()
+        self._follow_asm_reload()
         use_asm = bool(self._asm_scales) and _use_asm_decode(
-            common_attn_metadata, self.num_heads_q, self._asm_cut
+            common_attn_metadata, self._asm_heads, self._asm_cut
         )
 """
 
 _FORWARD_ASM = """\
-        scales = attn_metadata.asm_scales and attn_metadata.asm_scales.get(layer)
+        scales = (attn_metadata.asm_scales or {}).get(layer)
         if attn_metadata.use_asm_decode and scales and output_scale is None:
             rocm_aiter_ops.pa_fwd_asm(
                 Q=query[:num_actual_tokens],
@@ -294,7 +293,6 @@ _FORWARD_ASM = """\
 
 
 def stage1_rocm_attn(src: Source) -> None:
-    src.ensure_import("vllm.utils.platform_utils", "num_compute_units")
     src.ensure_import("vllm.config", "ModelConfig")
     src.ensure_import("packaging.version", "InvalidVersion")
     src.ensure_import("packaging.version", "Version")
@@ -436,7 +434,7 @@ _SPLIT_BUILD = """\
         asm_split = None
         if self._asm_scales:
             asm_split = _split_asm_decode(
-                common_attn_metadata, self.vllm_config, self.num_heads_q, self._asm_cut
+                common_attn_metadata, self.vllm_config, self._asm_heads, self._asm_cut
             )
 """
 

@@ -1,14 +1,16 @@
 """ROCM_ATTN's asm decode: AITER's pa_fwd_asm (high_precision=2) on ROCM_ATTN's own fp8
-KV cache, through the metadata builder and forward, against the HIP decode. The kernel
-tests need AITER >= 0.1.17 on a gfx942/gfx950 GPU; the rest run anywhere."""
+KV cache. The rule, the step decision and the builder run anywhere (the builder on the
+CPU, the GPU's facts patched); the kernel tests need AITER >= 0.1.17 on gfx942/gfx950.
+"""
 
 import json
+import sys
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 import torch
-from packaging.version import Version
-from torch.nn.utils.rnn import pad_sequence
+from packaging.version import InvalidVersion, Version
 
 from vllm import config as cfg
 from vllm._aiter_ops import is_aiter_found_and_supported, rocm_aiter_ops
@@ -19,13 +21,12 @@ from vllm.model_executor.model_loader.reload import record_metadata_for_reloadin
 from vllm.model_executor.model_loader.reload.inplace import reload_weights
 from vllm.model_executor.model_loader.utils import process_weights_after_loading
 from vllm.platforms import current_platform
-from vllm.utils.math_utils import cdiv
 from vllm.v1.attention.backend import CommonAttentionMetadata
+from vllm.v1.attention.backends import rocm_attn
 from vllm.v1.attention.backends.registry import AttentionBackendEnum
-from vllm.v1.attention.backends.rocm_attn import RocmAttentionImpl
 from vllm_rocm_asm_decode.core import asm_decode_rejections, use_asm_decode
 
-DEVICE, HEAD, BLOCK, PAD = "cuda", 128, 16, 8
+DEVICE, HEAD, BLOCK, PAD, CUS = "cuda", 128, 16, 8, 304
 CONTEXTS = [1, 15, 16, 17, 255, 1000, 4000]
 # Against fp32 on MI355X: asm (high_precision=2) max 0.026, mean 0.00078; HIP max
 # 0.0072, mean 0.00018. asm against HIP: the sums, max x1.5 and mean x2 as headroom.
@@ -34,7 +35,7 @@ try:  # AITER before 0.1.17 misreads block ids >= 65536: the decode keeps HIP
     from aiter._version import __version__
 
     ASM = is_aiter_found_and_supported() and Version(__version__) >= Version("0.1.17")
-except ImportError:
+except (ImportError, InvalidVersion):
     ASM = False
 requires_asm = pytest.mark.skipif(
     not (ASM and torch.accelerator.is_available()),
@@ -43,20 +44,33 @@ requires_asm = pytest.mark.skipif(
 
 
 @pytest.fixture(autouse=True)
-def _aiter_on(monkeypatch):  # the asm decode is ROCM_ATTN's with AITER on
-    monkeypatch.setenv("VLLM_ROCM_USE_AITER", "1")
-    rocm_aiter_ops.refresh_env_variables()
-    yield
-    monkeypatch.undo()
-    rocm_aiter_ops.refresh_env_variables()
+def _aiter_on(monkeypatch):  # the asm decode is ROCM_ATTN's with AITER's MHA on
+    monkeypatch.setattr(rocm_aiter_ops, "_AITER_ENABLED", True)
+    monkeypatch.setattr(rocm_aiter_ops, "_MHA_ENABLED", True)
+
+
+@pytest.fixture
+def gfx942(monkeypatch):
+    """The builder's host logic on any machine (its KV cache on the CPU): gfx942, 304
+    CUs, AITER 0.1.17."""
+    if current_platform.is_rocm():
+        monkeypatch.setattr("vllm.platforms.rocm.on_mi3xx", lambda: True)
+    else:  # the real module needs a ROCm GPU to import
+        rocm = SimpleNamespace(on_mi3xx=lambda: True)
+        monkeypatch.setitem(sys.modules, "vllm.platforms.rocm", rocm)
+    aiter_version = SimpleNamespace(__version__="0.1.17")
+    monkeypatch.setitem(sys.modules, "aiter._version", aiter_version)
+    monkeypatch.setattr(current_platform, "num_compute_units", lambda i=0: CUS)
+    monkeypatch.setattr(rocm_aiter_ops, "is_mha_enabled", lambda: True)
+    return aiter_version
 
 
 def llama(path, heads=40, kvh=8, **kw):
     """The ModelConfig of a one-layer Llama checkpoint."""
     sizes = dict(num_attention_heads=heads, num_key_value_heads=kvh, head_dim=HEAD)
-    sizes |= dict(hidden_size=heads * HEAD, num_hidden_layers=1)
+    sizes |= dict(hidden_size=heads * HEAD, num_hidden_layers=1, model_type="llama")
     sizes |= dict(architectures=["LlamaForCausalLM"], max_position_embeddings=2**20)
-    (path / "config.json").write_text(json.dumps(sizes | dict(model_type="llama")))
+    (path / "config.json").write_text(json.dumps(sizes))
     return cfg.ModelConfig(str(path), skip_tokenizer_init=True, **kw)
 
 
@@ -66,20 +80,19 @@ def kv_scales(*layers):  # each layer's (K, V) scales, as a checkpoint's weights
 
 
 class Model(torch.nn.Module):
-    """ROCM_ATTN layers of an fp8 checkpoint (their K/V scales loaded, and reloaded, by
-    vLLM's loader) on one random fp8 KV cache bound as vLLM binds it, and a builder."""
+    """ROCM_ATTN layers of an fp8 checkpoint (K/V scales loaded and reloaded by vLLM's
+    loader) on one random fp8 KV cache bound as vLLM binds it, and their builder."""
 
-    def __init__(
-        self, path, heads, kvh, blocks, dtype=torch.bfloat16, scales=((0.5, 2),)
-    ):
+    def __init__(self, path, heads, kvh, blocks, dev, dtype, scales=((0.5, 2),)):
         super().__init__()
-        model, dev = llama(path, heads, kvh, dtype=dtype, max_model_len=4096), DEVICE
+        model = llama(path, heads, kvh, dtype=dtype, max_model_len=4096)
         cache = cfg.CacheConfig(cache_dtype="fp8", block_size=BLOCK)
         self.config = cfg.VllmConfig(model, cache, device_config=cfg.DeviceConfig(dev))
-        fp8 = dict(cache_config=cache, quant_config=Fp8Config())
+        kw = dict(cache_config=cache, quant_config=Fp8Config())
+        kw |= dict(attn_backend=AttentionBackendEnum.ROCM_ATTN.get_class())
         with cfg.set_current_vllm_config(self.config):
             self.layers = torch.nn.ModuleList(
-                Attention(heads, HEAD, HEAD**-0.5, kvh, **fp8, prefix=f"layers.{i}")
+                Attention(heads, HEAD, HEAD**-0.5, kvh, **kw, prefix=f"layers.{i}")
                 for i in range(len(scales))
             )
         record_metadata_for_reloading(self)
@@ -89,110 +102,110 @@ class Model(torch.nn.Module):
         shape = (2, blocks, BLOCK, kvh * HEAD)  # on the GPU (8.6 GB for 4 GiB apart)
         codes = torch.randint(1, 65, shape, dtype=torch.uint8, device=dev)
         codes |= torch.randint_like(codes, 0, 2) << 7
-        self.to(dev)
-        for layer in self.layers:
+        for layer in self.to(dev).layers:
             layer.kv_cache = codes.transpose(0, 1)  # vLLM's [blocks, 2, ...] view
-        backend = AttentionBackendEnum.ROCM_ATTN.get_class()
-        spec = backend.customize_spec(self.attn.get_kv_cache_spec(self.config))
-        names, dev = [x.layer_name for x in self.layers], torch.device(dev)
-        self.builder = backend.get_builder_cls()(spec, names, self.config, dev)
+        self.attn = self.layers[0]
+        self.builder = self.new_builder()
 
-    @property
-    def attn(self):
-        return self.layers[0]
+    def new_builder(self, cls=None):
+        backend = self.attn.attn_backend
+        spec = backend.customize_spec(self.attn.get_kv_cache_spec(self.config))
+        names = [x.layer_name for x in self.layers]
+        cls = cls or backend.get_builder_cls()
+        return cls(spec, names, self.config, self.config.device_config.device)
 
     def load_weights(self, weights):
         for name, tensor in weights:
             self.get_parameter(name).weight_loader(self.get_parameter(name), tensor)
         return {name for name, _ in weights}
 
-    def run(self, query, meta, out=None):
-        out = torch.zeros_like(query) if out is None else out
-        kv = query[:, : self.attn.num_kv_heads]  # this step's K/V: not written
-        self.attn.impl.forward(self.attn, query, kv, kv, self.attn.kv_cache, meta, out)
+    def run(self, query, meta, out=None, **kw):  # out is torch.empty in vLLM
+        out = torch.full_like(query, torch.nan) if out is None else out
+        kv, cache = query[:, : self.attn.num_kv_heads], self.attn.kv_cache  # kv unread
+        self.attn.impl.forward(self.attn, query, kv, kv, cache, meta, out, **kw)
         return out
 
     def hip(self, query, meta):  # the HIP decode's answer for the rows with a context
         return self.run(query, replace(meta, use_asm_decode=False))[:-PAD].float()
 
 
-def common(seq_lens, pages, query_lens=None, device=None):
+def common(seq_lens, pages, query_lens=None, device="cpu"):
     """A step's CommonAttentionMetadata, as vLLM's runner makes it."""
-    query_lens, device = query_lens or [1] * len(seq_lens), device or DEVICE
+    query_lens = query_lens or [1] * len(seq_lens)
     start = torch.tensor([0, *query_lens]).cumsum(0).to(torch.int32)
-    lens = torch.tensor(seq_lens, dtype=torch.int32)
-    table = pad_sequence([torch.tensor(p, dtype=torch.int32) for p in pages], True)
+    lens, width = torch.tensor(seq_lens, dtype=torch.int32), max(map(len, pages))
+    table = torch.tensor([p + [0] * (width - len(p)) for p in pages], dtype=torch.int32)
+    tokens = sum(query_lens)
     return CommonAttentionMetadata(
         query_start_loc=start.to(device, copy=True),  # a capture zeroes it
         query_start_loc_cpu=start,
         seq_lens=lens.to(device, copy=True),  # a capture fills it with 1
         seq_lens_cpu_upper_bound=lens,
         num_reqs=len(seq_lens),
-        num_actual_tokens=sum(query_lens),
+        num_actual_tokens=tokens,
         max_query_len=max(query_lens),
         max_seq_len=max(seq_lens),
         block_table_tensor=table.to(device),
-        slot_mapping=torch.full((sum(query_lens),), -1, device=device),
+        slot_mapping=torch.full((tokens,), -1, device=device),
     )
 
 
-def decode(tmp_path, heads=40, kvh=8, **kw):
+def decode(path, heads=40, kvh=8, dev=None, dtype=torch.bfloat16, **kw):
     """A model, and a decode step just above the cut on distinct random pages, then
     PAD rows of vLLM's FULL-graph padding (length 0, on the null block)."""
+    dev = dev or DEVICE
     n = 2 * current_platform.num_compute_units() // heads + 1
     seq_lens = [CONTEXTS[i % len(CONTEXTS)] for i in range(n)] + [0] * PAD
-    free = (torch.randperm(sum(cdiv(s, BLOCK) for s in seq_lens)) + 1).tolist()
-    model = Model(tmp_path, heads, kvh, len(free) + 1, **kw)
-    pages = [[free.pop() for _ in range(cdiv(s, BLOCK))] for s in seq_lens]
-    dtype = model.config.model_config.dtype
-    query = torch.randn(n + PAD, heads, HEAD, dtype=dtype, device=DEVICE)
-    return model, common(seq_lens, pages), query
+    free = (torch.randperm(sum(-(-s // BLOCK) for s in seq_lens)) + 1).tolist()
+    model = Model(path, heads, kvh, len(free) + 1, dev, dtype, **kw)
+    pages = [[free.pop() for _ in range(-(-s // BLOCK))] for s in seq_lens]
+    query = torch.randn(n + PAD, heads, HEAD, dtype=dtype, device=dev)
+    return model, common(seq_lens, pages, device=dev), query
+
+
+GQA = {f"bf16-{g}": (g, torch.bfloat16) for g in range(1, 9)}
+GQA |= {"fp16-5": (5, torch.float16)}
 
 
 @requires_asm
-@pytest.mark.parametrize("gqa", range(1, 9))
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize(("gqa", "dtype"), GQA.values(), ids=GQA)
 def test_every_admitted_gqa_ratio(tmp_path, monkeypatch, gqa, dtype):
     """One ultra-precision call within its bound of the HIP decode at K/V scales 0.5/2
-    (a swapped or missing scale is off by 4x), finite on the padding rows."""
+    (a swapped or missing scale is off by 4x); every row with a context written."""
     import aiter
 
     model, step, query = decode(tmp_path, 8 * gqa, 8, dtype=dtype)
     metadata, pa, calls = model.builder.build(0, step), aiter.pa_fwd_asm, []
-    assert metadata.use_asm_decode
     monkeypatch.setattr(aiter, "pa_fwd_asm", lambda **kw: calls.append(kw) or pa(**kw))
-    asm, hip = model.run(query, metadata).float(), model.hip(query, metadata)
-    assert [kw["high_precision"] for kw in calls] == [2] and asm.isfinite().all()
-    torch.testing.assert_close(asm[:-PAD], hip, atol=ASM_MAX, rtol=0)
-    assert (asm[:-PAD] - hip).abs().mean() <= ASM_MEAN
-    if DEVICE == "cuda":  # two kernels round apart
-        assert not torch.equal(asm[:-PAD], hip), "the asm step ran the HIP decode"
+    asm, hip = model.run(query, metadata)[:-PAD].float(), model.hip(query, metadata)
+    assert [kw["high_precision"] for kw in calls] == [2]
+    torch.testing.assert_close(asm, hip, atol=ASM_MAX, rtol=0)
+    assert (asm - hip).abs().mean() <= ASM_MEAN
 
 
 @requires_asm
 def test_pages_over_4_gib_apart_read_as_adjacent_ones(tmp_path):
     """AITER's own test (test_pa_block_id_truncation.py) reads one page per sequence."""
-    model = Model(tmp_path, 64, 8, 2**32 // (8 * HEAD * BLOCK) + 2)
+    blocks = 2**32 // (8 * HEAD * BLOCK) + 2
+    model = Model(tmp_path, 64, 8, blocks, DEVICE, torch.bfloat16)
     end = model.attn.kv_cache.shape[0] - 1
     far, near = [p for i in range(16) for p in (1 + i, end - i)], list(range(17, 49))
     for plane in model.attn.kv_cache.unbind(1):  # the same content on adjacent pages
         plane[near] = plane[far]
     n = 2 * (current_platform.num_compute_units() // 64 + 1)  # above the cut
     query = torch.randn(1, 64, HEAD).to(DEVICE, torch.bfloat16).expand(n, -1, -1)
-    metadata = model.builder.build(0, common([512] * n, [far, near] * (n // 2)))
-    assert metadata.use_asm_decode
+    step = common([512] * n, [far, near] * (n // 2), device=DEVICE)
+    metadata = model.builder.build(0, step)
     out = model.run(query.contiguous(), metadata)
-    assert torch.equal(out[0], out[1])
+    assert metadata.use_asm_decode and torch.equal(out[0], out[1])
 
 
 @requires_asm
 def test_a_captured_graph_replays_asm_and_follows_a_weight_reload(tmp_path):
-    """Captured through build_for_cudagraph_capture, as vLLM's runner captures; vLLM's
-    weight reload between replays (the next build refills the tables in place). K and
-    V start equal and then differ: each has its own table."""
+    """Captured through build_for_cudagraph_capture as vLLM's runner captures, replayed
+    after vLLM's weight reloads (K and V equal, then apart: each its own table)."""
     model, step, query = decode(tmp_path, scales=[(1, 1)])
     metadata = model.builder.build_for_cudagraph_capture(step)
-    assert metadata.use_asm_decode
     metadata.seq_lens.copy_(step.seq_lens_cpu_upper_bound)  # as vLLM's runner does
     step.query_start_loc.copy_(step.query_start_loc_cpu)
     out, graph = torch.zeros_like(query), torch.cuda.CUDAGraph()
@@ -201,62 +214,73 @@ def test_a_captured_graph_replays_asm_and_follows_a_weight_reload(tmp_path):
         model.run(query, metadata, out)
     for scales in ((1, 0.5), (0.25, 4)):
         reload_weights(model.config, model, kv_scales(scales), None, True)
-        hip = model.hip(query, model.builder.build(0, step))
+        hip = model.hip(query, model.builder.build(0, step))  # refills the tables
         graph.replay()
+        assert metadata.use_asm_decode
         torch.testing.assert_close(out[:-PAD].float(), hip, atol=ASM_MAX, rtol=0)
 
 
-@requires_asm
-def test_layers_at_one_scale_share_tables_and_a_fifth_table_keeps_hip(tmp_path):
-    """One fp32 table per distinct K and V scale (K's apart from V's), at most four:
-    the last layer would add a fifth and a sixth, so it keeps the HIP decode."""
-    model, step, _ = decode(tmp_path, scales=[(1, 1), (1, 1), (0.5, 2), (0.25, 4)])
+def test_one_table_per_distinct_k_and_v_scale_at_most_four(tmp_path, gfx942):
+    """Layers at one scale share tables (K's apart from V's); the last layer would add
+    a fifth and a sixth, which are outside vLLM's KV cache sizing: it keeps HIP."""
+    scales = [(1, 1), (1, 1), (0.5, 2), (0.25, 4)]
+    model, step, _ = decode(tmp_path, dev="cpu", scales=scales)
     tables = model.builder.build(0, step).asm_scales
-    assert model.builder._asm_cut == 2 * current_platform.num_compute_units()
     (k0, v0), (k1, v1), (k2, v2) = (tables[x] for x in model.layers[:3])
     assert k0 is k1 and v0 is v1 and len({k0, v0, k2, v2}) == 4
+    assert k0.shape == (model.attn.kv_cache.shape[0], 8, BLOCK)
     ratios = [(t / k0).unique().tolist() for t in (v0, k2, v2)]  # e4m3fnuz doubles
     assert k0.unique().numel() == 1 and ratios == [[1], [0.5], [2]]
     assert model.layers[3] not in tables
 
 
-@requires_asm
-@pytest.mark.parametrize("mode", ["NONE", "FULL_AND_PIECEWISE"])
-def test_a_reload_that_parts_the_layers_of_a_table(tmp_path, mode):
-    """Layers moving together refill their table in place. Then, eager, the layer that
-    moves alone goes back to HIP (one warning); where FULL decode graphs replay the old
-    table, build() stops rather than decode at a stale scale."""
-    model, step, _ = decode(tmp_path, scales=[(1, 1), (1, 1)])
+def test_the_cut_counts_the_layers_heads_and_output_quant_keeps_hip(
+    tmp_path, gfx942, monkeypatch
+):
+    """A drafter's builder cuts on its layers' heads (40), not the model's (8)."""
+    model, step, query = decode(tmp_path, dev="cpu")
+    model.config.model_config.hf_text_config.num_attention_heads = 8
+    metadata, hip = model.new_builder().build(0, step), []
+    hip_decode = lambda **kw: hip.append(kw)  # noqa: E731
+    monkeypatch.setattr(rocm_attn, "chunked_prefill_paged_decode", hip_decode)
+    model.run(query, metadata, output_scale=torch.ones(1))
+    assert metadata.use_asm_decode and len(hip) == 1
+
+
+@pytest.mark.parametrize("mode", ["NONE", "FULL", "FULL_AND_PIECEWISE"])
+def test_a_reload_that_parts_the_layers_of_a_table(tmp_path, gfx942, mode):
+    """Layers moving together refill their table in place. The layer that then moves
+    alone goes back to HIP (one warning), or, where FULL decode graphs replay the old
+    table, build() stops (FULL captures every graph as a mixed batch: HIP)."""
+    model, step, _ = decode(tmp_path, dev="cpu", scales=[(1, 1), (1, 1)])
     model.config.compilation_config.cudagraph_mode = CUDAGraphMode[mode]
     k, v = model.builder.build(0, step).asm_scales[model.attn]
     reload_weights(model.config, model, kv_scales((2, 1), (2, 1)), None, True)
     assert len(model.builder.build(0, step).asm_scales) == 2 and (k / v).unique() == 2
     reload_weights(model.config, model, kv_scales((2, 1), (0.5, 1)), None, True)
-    if mode == "NONE":
+    if mode != "FULL_AND_PIECEWISE":
         assert list(model.builder.build(0, step).asm_scales) == [model.attn]
     else:
         with pytest.raises(RuntimeError, match=r"layers\.1 left their shared"):
             model.builder.build(0, step)
 
 
-@requires_asm
-def test_an_old_aiter_and_builders_built_on_rocm_attns_keep_hip(tmp_path, monkeypatch):
-    import aiter._version
-
-    model, step, _ = decode(tmp_path)
-    builder = model.builder
-    derived = type("Derived", (type(builder),), {})  # e.g. another backend's builder
-    derived = derived(builder.kv_cache_spec, ["layers.0"], model.config, builder.device)
-    assert not derived.build(0, step).use_asm_decode
-    monkeypatch.setattr(aiter._version, "__version__", "0.1.16")
-    assert not builder.build(0, step).use_asm_decode
+@pytest.mark.parametrize("version", ["0.1.16.post1", "0.1.17rc1", "unknown"])
+def test_an_old_aiter_and_builders_built_on_rocm_attns_keep_hip(
+    tmp_path, gfx942, version
+):
+    model, step, _ = decode(tmp_path, dev="cpu")
+    derived = type("Derived", (type(model.builder),), {})  # another backend's
+    assert not model.new_builder(derived).build(0, step).use_asm_decode
+    gfx942.__version__ = version
+    assert not model.builder.build(0, step).use_asm_decode
 
 
 def rule(path, head=HEAD, block=BLOCK, lbhnc=False, mi3xx=True, model=None, **kw):
     """The rule on vLLM's impl, a bound KV cache view (meta tensors) and ModelConfig."""
     kw = dict(num_heads=40, num_kv_heads=8, scale=HEAD**-0.5, kv_cache_dtype="fp8") | kw
     kw = dict(alibi_slopes=None, sliding_window=None) | kw
-    impl = RocmAttentionImpl(head_size=head, **kw)
+    impl = rocm_attn.RocmAttentionImpl(head_size=head, **kw)
     pages = torch.empty(2, 4, block, impl.num_kv_heads * head, dtype=torch.uint8)
     kv_cache = pages.view(4, 2, block, -1) if lbhnc else pages.transpose(0, 1)
     model = llama(path, **dict(max_model_len=4096) | (model or {}))
@@ -301,5 +325,5 @@ STEPS = {  # 40 query heads a request, a cut of 480 query heads
 
 @pytest.mark.parametrize(("query_lens", "asm"), STEPS.values(), ids=STEPS)
 def test_the_step_decision(query_lens, asm):
-    step = common([1024] * len(query_lens), [[1]] * len(query_lens), query_lens, "cpu")
+    step = common([1024] * len(query_lens), [[1]] * len(query_lens), query_lens)
     assert use_asm_decode(step, 40, 480) is asm
