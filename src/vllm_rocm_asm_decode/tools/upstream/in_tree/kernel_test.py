@@ -1,7 +1,6 @@
-"""ROCM_ATTN's asm decode: AITER's pa_fwd_asm (high_precision=2) on ROCM_ATTN's own fp8
-KV cache. The rule, the step decision and the builder run anywhere (the builder on the
-CPU, the GPU's facts patched); the kernel tests need AITER >= 0.1.17 on gfx942/gfx950.
-"""
+"""ROCM_ATTN's asm decode: AITER's pa_fwd_asm (high_precision=2) on ROCM_ATTN's fp8 KV
+cache. The rule, the step decision and the builder (on the CPU) run anywhere; the
+kernel tests need AITER >= 0.1.17 on gfx942/gfx950."""
 
 import json
 import sys
@@ -53,11 +52,9 @@ def _aiter_on(monkeypatch):  # the asm decode is ROCM_ATTN's with AITER's MHA on
 def gfx942(monkeypatch):
     """The builder's host logic on any machine (its KV cache on the CPU): gfx942, 304
     CUs, AITER 0.1.17."""
-    if current_platform.is_rocm():
-        monkeypatch.setattr("vllm.platforms.rocm.on_mi3xx", lambda: True)
-    else:  # the real module needs a ROCm GPU to import
-        rocm = SimpleNamespace(on_mi3xx=lambda: True)
-        monkeypatch.setitem(sys.modules, "vllm.platforms.rocm", rocm)
+    rocm = sys.modules.get("vllm.platforms.rocm", SimpleNamespace())  # ROCm's only
+    monkeypatch.setitem(sys.modules, "vllm.platforms.rocm", rocm)
+    monkeypatch.setattr(rocm, "on_mi3xx", lambda: True, raising=False)
     aiter_version = SimpleNamespace(__version__="0.1.17")
     monkeypatch.setitem(sys.modules, "aiter._version", aiter_version)
     monkeypatch.setattr(current_platform, "num_compute_units", lambda i=0: CUS)
@@ -234,12 +231,11 @@ def test_one_table_per_distinct_k_and_v_scale_at_most_four(tmp_path, gfx942):
     assert model.layers[3] not in tables
 
 
-def test_the_cut_counts_the_layers_heads_and_output_quant_keeps_hip(
-    tmp_path, gfx942, monkeypatch
-):
-    """A drafter's builder cuts on its layers' heads (40), not the model's (8)."""
+def test_a_drafters_cut_and_a_fused_output_quant(tmp_path, gfx942, monkeypatch):
+    """A drafter's builder cuts on its layers' heads (40), not the model's (8); a layer
+    asked for a quantized output (output_scale) keeps HIP in an asm step."""
     model, step, query = decode(tmp_path, dev="cpu")
-    model.config.model_config.hf_text_config.num_attention_heads = 8
+    model.config.model_config.model_arch_config.total_num_attention_heads = 8
     metadata, hip = model.new_builder().build(0, step), []
     hip_decode = lambda **kw: hip.append(kw)  # noqa: E731
     monkeypatch.setattr(rocm_attn, "chunked_prefill_paged_decode", hip_decode)
@@ -266,9 +262,7 @@ def test_a_reload_that_parts_the_layers_of_a_table(tmp_path, gfx942, mode):
 
 
 @pytest.mark.parametrize("version", ["0.1.16.post1", "0.1.17rc1", "unknown"])
-def test_an_old_aiter_and_builders_built_on_rocm_attns_keep_hip(
-    tmp_path, gfx942, version
-):
+def test_an_old_aiter_and_derived_builders_keep_hip(tmp_path, gfx942, version):
     model, step, _ = decode(tmp_path, dev="cpu")
     derived = type("Derived", (type(model.builder),), {})  # another backend's
     assert not model.new_builder(derived).build(0, step).use_asm_decode
@@ -287,12 +281,11 @@ def rule(path, head=HEAD, block=BLOCK, lbhnc=False, mi3xx=True, model=None, **kw
     return asm_decode_rejections(impl, kv_cache.to("meta"), model, mi3xx)
 
 
+FP16_128K = dict(dtype=torch.float16, max_model_len=2**17)
 RULE = {
     "bf16": ({}, []),
-    "fp16": (dict(model=dict(dtype=torch.float16)), []),
-    "fp8-e4m3": (dict(kv_cache_dtype="fp8_e4m3"), []),
+    "fp16-e4m3-128k": (dict(model=FP16_128K, kv_cache_dtype="fp8_e4m3"), []),
     "fp32": (dict(model=dict(dtype=torch.float32)), ["torch.float32 query"]),
-    "128k": (dict(model=dict(max_model_len=2**17)), []),
     "over-128k": (dict(model=dict(max_model_len=2**17 + 1)), ["max_model_len 131073"]),
     "gfx90a": (dict(mi3xx=False), ["a GPU other than gfx942/gfx950"]),
     "gqa-9": (dict(num_heads=72), ["GQA 9"]),
