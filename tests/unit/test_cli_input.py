@@ -708,7 +708,7 @@ def test_a_result_dir_under_a_read_only_directory_is_refused(tmp_path, monkeypat
 
 
 # --------------------------------------------------------------------------------------
-# stdout closed or full (5)
+# stdout closed or full (7)
 
 
 def _cli(*argv: str, **kw) -> subprocess.Popen:
@@ -738,6 +738,29 @@ def test_a_full_stdout_is_one_line_and_exit_1():
     assert err.splitlines() == [
         "vllm-rocm-asm-decode: error: cannot write to stdout: No space left on device"
     ]
+
+
+def run_with_stdout_closed(*argv: str) -> subprocess.CompletedProcess:
+    """The command started as ``cmd >&-`` starts it: file descriptor 1 closed."""
+    code = "import sys\nfrom vllm_rocm_asm_decode.tools.cli import main\nsys.exit(main())\n"
+    return subprocess.run(
+        [sys.executable, "-c", code, *argv],
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=120,
+        preexec_fn=lambda: os.close(1),
+    )
+
+
+@pytest.mark.parametrize("argv", [["--version"], ["plan", "--help"]], ids=["version", "help"])
+def test_a_closed_stdout_is_one_line_and_exit_1(argv):
+    """Not a traceback (argparse's help) nor a silent exit 0 (print() to no stdout): the
+    answer cannot go out, as on a full disk."""
+    proc = run_with_stdout_closed(*argv)
+    assert (proc.returncode, proc.stderr.splitlines()) == (
+        1,
+        ["vllm-rocm-asm-decode: error: cannot write to stdout: Bad file descriptor"],
+    )
 
 
 @pytest.mark.slow

@@ -680,6 +680,18 @@ def test_the_pull_request_texts_are_short_shipped_and_in_the_docs(stage):
     assert text in docs
 
 
+def test_a_closed_stdout_after_writing_is_one_line_and_exit_1(tree):
+    """``upstream DIR >&-``: the tree is written whole, then the report cannot go out."""
+    from test_cli_input import run_with_stdout_closed
+
+    proc = run_with_stdout_closed("upstream", str(tree))
+    assert (proc.returncode, proc.stderr.splitlines()) == (
+        1,
+        ["vllm-rocm-asm-decode upstream: error: cannot write to stdout: Bad file descriptor"],
+    )
+    assert upstream.main(str(tree), True) == 0  # carries stage 1 whole
+
+
 def test_check_names_a_file_a_real_run_could_not_write(tree, capsys, monkeypatch):
     """--check probes each directory it would write into, as the real run writes: a
     probe that fails (read-only mount, permissions) is the real run's error, exit 2."""

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import codecs
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -777,6 +778,20 @@ class _GuardedStdout:
         return getattr(self._stream, name)
 
 
+class _ClosedStdout:
+    """stdout for a command started without one (``cmd >&-``): a write fails as one to a
+    closed file descriptor does, so the command ends as on ``> /dev/full``."""
+
+    def write(self, text: str) -> int:
+        raise OSError(errno.EBADF, os.strerror(errno.EBADF))
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return False
+
+
 def _as_given(exc: UnicodeError) -> tuple[str | bytes, int]:
     """Text a stream's encoding cannot write: a path's undecodable bytes (which Python
     holds as lone surrogates) go out as they came in, anything else as ``\\x..``."""
@@ -838,8 +853,8 @@ def main(argv: list[str] | None = None) -> int:
     as given."""
     _keep_unencodable_text(sys.stdout, sys.stderr)
     real = sys.stdout
-    if real is not None:  # None: started with stdout closed; print() then writes nothing
-        sys.stdout = _GuardedStdout(real)
+    # None: started with stdout closed (``>&-``), where print() would write nothing.
+    sys.stdout = _GuardedStdout(_ClosedStdout() if real is None else real)
     undo_sigterm = _take_sigterm_as_ctrl_c()
     try:
         try:
