@@ -297,6 +297,7 @@ def _plan(root: Path, stage: int) -> dict[Path, tuple[str | None, str]]:
     others not: a hand edit, or a run that was stopped) and one of the user's where a new
     file goes, unless it is exactly what this run writes."""
     sources: dict[Path, tuple[Source, str]] = {}
+    git = _git(root, "rev-parse", "--is-inside-work-tree") == "true"
     for n in range(1, stage + 1):
         for rel, edit in STAGES[n].items():
             if rel not in sources:
@@ -304,7 +305,7 @@ def _plan(root: Path, stage: int) -> dict[Path, tuple[str | None, str]]:
                 if not path.is_file():
                     raise UpstreamError(_not_a_tree(root, rel))
                 text, raw = _read_lf(path)
-                sources[rel] = (Source(rel, text, root), raw)
+                sources[rel] = (Source(rel, text, root, git), raw)
             src = sources[rel][0]
             before = src.text
             src.begin()

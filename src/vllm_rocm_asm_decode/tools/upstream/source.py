@@ -89,15 +89,17 @@ def _parse(text: str) -> ast.Module:
 class Source:
     """One file's text with AST-located edits."""
 
-    def __init__(self, path: Path, text: str, root: Path | None = None) -> None:
+    def __init__(self, path: Path, text: str, root: Path | None = None, git: bool = True) -> None:
         #: The file as errors name it: ``root / path`` when the tree's ``root`` is given.
         self.path = path if root is None else root / path
-        #: The command that puts vLLM's own file back.
-        self.restore = (
-            f"git checkout -- {path}"
-            if root is None or root == Path(".")
-            else f"git -C {root} checkout -- {path}"
-        )
+        #: How to put vLLM's own file back: git's checkout in a git work tree (``git``),
+        #: else a fresh copy.
+        if not git:
+            self.restore = f"copy {path} from an unmodified vLLM 0.33.x"
+        elif root is None or root == Path("."):
+            self.restore = f"git checkout -- {path}"
+        else:
+            self.restore = f"git -C {root} checkout -- {path}"
         self.text = text
         self._parsed: tuple[str, ast.Module] | None = None
         #: What the edits since :meth:`begin` found in place and what they added, by
