@@ -67,7 +67,11 @@ CASES = {
     ),
     "serve-json-unwritable": (
         ["bench", "serve", "--model", "m", "--vllm", STAND_IN_VLLM, "--json", "/no/dir/x.json"],
-        "--json /no/dir/x.json: /no/dir is not a directory",
+        "--json /no/dir/x.json: /no/dir does not exist",
+    ),
+    "serve-json-under-a-file": (
+        ["bench", "serve", "--model", "m", "--vllm", STAND_IN_VLLM, "--json", f"{UNDER_FILE}/x"],
+        f"--json {UNDER_FILE}/x: {__file__} is not a directory",
     ),
     "host-unresolvable": (
         ["bench", "serve", "--model", "m", "--vllm", STAND_IN_VLLM, "--host", "no.such.invalid"],
@@ -157,15 +161,18 @@ CASES = {
     "huge-seed": (["check", "accuracy", "--seeds", "99999999999999999999"], "at most"),
     "accuracy-json-empty": (["check", "accuracy", "--json", ""], "must not be empty"),
     "kernel-precision": (["bench", "kernel", "--precision", "fast"], "'fast': use uhp or default"),
-    "kernel-json-unwritable": (["bench", "kernel", "--json", "/no/dir/k.json"], "is not a dir"),
+    "kernel-json-unwritable": (
+        ["bench", "kernel", "--json", "/no/dir/k.json"],
+        "/no/dir does not exist",
+    ),
     "serve-model-empty": (["bench", "serve", "--model", ""], "must not be empty"),
     "serve-plot-unwritable": (
         ["bench", "serve", "--model", "m", "--vllm", STAND_IN_VLLM, "--plot", "/no/dir/s.png"],
-        "--plot /no/dir/s.png: /no/dir is not a directory",
+        "--plot /no/dir/s.png: /no/dir does not exist",
     ),
     "accuracy-json-unwritable": (
         ["check", "accuracy", "--json", "/no/dir/a.json"],
-        "--json /no/dir/a.json: /no/dir is not a directory",
+        "--json /no/dir/a.json: /no/dir does not exist",
     ),
     # 3: names too long for the file system, before any work
     "accuracy-json-name-too-long": (

@@ -551,7 +551,12 @@ def unwritable(path: str) -> str | None:
         return None
     parent = os.path.dirname(path) or "."
     if not os.path.isdir(parent):
-        return f"{parent} is not a directory"
+        there = parent  # the nearest part of it that exists, when one does
+        while there and not os.path.exists(there) and there != os.path.dirname(there):
+            there = os.path.dirname(there)
+        if there and os.path.exists(there) and not os.path.isdir(there):
+            return f"{there} is not a directory"
+        return f"{parent} does not exist"
     if not os.access(parent, os.W_OK | os.X_OK):
         return f"{parent} is not writable"
     return None

@@ -36,7 +36,7 @@ from ..eligibility import (
 )
 from ..kernel_table import KernelTable, fallback_table
 from ..page_span import SPAN_LIMIT
-from ..skew import ASM_SKEW_RATIO
+from ..skew import ASM_SKEW_HEAD_TOKENS, ASM_SKEW_RATIO
 from .choices import (
     DEFAULT_GPU,
     DEFAULT_PRESET,
@@ -745,8 +745,8 @@ def render(plan: Plan) -> str:
         "skew       "
         + (
             f"a step whose longest context x {plan.skew_ratio} passes its head-tokens "
-            "(contexts x KV heads) keeps HIP; captured graphs hold their kernel for any "
-            "lengths (worst case below)"
+            f"(contexts x KV heads) + {ASM_SKEW_HEAD_TOKENS} keeps HIP; captured graphs "
+            "hold their kernel for any lengths (worst case below)"
             if plan.skew_ratio
             else f"off ({settings.SKEW_ENV}=0)"
         ),
