@@ -60,11 +60,11 @@ def test_in_tree_suite(stage):
     passed = {name.split("::")[0].rsplit(".", 1)[-1] for name in cases if name not in others}
     assert passed == modules | {"test_rocm_attn_aiter_asm_decode"}, tail
     written = [name for name in cases if "test_rocm_attn_aiter_asm_decode" in name]
-    # The rule's, the step's and the builder's 29 tests run here (the builder's on the
-    # CPU; stage 3 lifts the cap one of them tests); the kernel's 11 skip without an AMD
+    # The rule's, the step's and the builder's 31 tests run here (the builder's on the
+    # CPU; stage 3 lifts the cap one of them tests); the kernel's 12 skip without an AMD
     # GPU.
-    ran = 29 - (stage == 3)
-    assert len(written) == ran + 11 and sum(name not in others for name in written) == ran
+    ran = 31 - (stage == 3)
+    assert len(written) == ran + 12 and sum(name not in others for name in written) == ran
 
 
 # --------------------------------------------------------------------------------------
@@ -137,8 +137,9 @@ def test_an_aiter_before_0_1_17_keeps_every_layer_on_hip(
     tmp_path, kernels, plugin_log, monkeypatch, version
 ):
     """AITER before 0.1.17 misreads KV block ids >= 65536 (AITER issue 3062), one of
-    unknown version (no ``aiter._version``) may: every layer keeps the HIP decode, each
-    saying why, and the count line says none decodes on asm. From 0.1.17 on, asm."""
+    unknown version (no ``aiter._version``) may: every layer keeps the HIP decode, one
+    info line says why, and the count line says none decodes on asm. From 0.1.17 on,
+    asm."""
     if version is None:
         monkeypatch.delenv("ASM_DECODE_TEST_AITER_VERSION")
     else:
@@ -147,8 +148,9 @@ def test_an_aiter_before_0_1_17_keeps_every_layer_on_hip(
     batch = harness.make_batch(model, [20] * 64)  # 2560 query heads, above the cut
     assert not model.builder.build(0, batch.common).use_asm_decode
     assert harness.asm_layers(model.builder) == set()
-    assert all(harness.kept_on_hip(plugin_log, f"{n} ") for n in model.names)
-    assert sum("an AITER before 0.1.17" in m for m in plugin_log) == 2
+    named = version or "of unknown version"
+    why = f"ROCM_ATTN: no AITER pa_fwd_asm decode (AITER {named}, need 0.1.17)"
+    assert plugin_log.count(why) == 1, plugin_log
     assert any("decodes 0 of 2 layers" in m for m in plugin_log)
     monkeypatch.setenv("ASM_DECODE_TEST_AITER_VERSION", "0.1.17")
     model = harness.build_model(tmp_path / "fixed", num_layers=2)
@@ -363,8 +365,9 @@ def test_the_kernel_test_file_passes_under_pytest_on_the_contract_model(
     monkeypatch.setattr(torch.cuda, "CUDAGraph", _CpuGraph)
     monkeypatch.setattr(torch.cuda, "graph", _cpu_capture)
     harness.reset_asm_calls()
-    selected = "not 4_gib and (not gqa_ratio or bf16-1 or fp16-5 or bf16-8)"
-    builder = "one_table or drafters_cut or parts_the_layers or old_aiter"
+    # What the kernel writes on padding rows is in no source: only the GPU can tell.
+    selected = "not 4_gib and not padding and (not gqa_ratio or bf16-1 or fp16-5 or bf16-8)"
+    builder = "one_table or drafters or output_quant or parts_the or aiter_before or only_rocm"
     if not harness.IN_TREE:  # the builder's own tests read stage 1's builder
         selected += f" and not ({builder})"
     elif harness.STAGE == 3:  # the proposal's tables: no cap of four, one set a builder
@@ -406,7 +409,7 @@ def test_the_kernel_tests_catch_a_layout_mistake(kernel_tests, tmp_path, monkeyp
 
     wrong_kernel(monkeypatch, token_major)
     with pytest.raises(AssertionError):
-        kernel_tests.test_every_admitted_gqa_ratio(tmp_path, monkeypatch, 5, torch.bfloat16)
+        kernel_tests.test_every_admitted_gqa_ratio(tmp_path, 5, torch.bfloat16)
 
 
 def test_the_kernel_tests_catch_a_scale_mistake(kernel_tests, tmp_path, monkeypatch):
@@ -416,7 +419,7 @@ def test_the_kernel_tests_catch_a_scale_mistake(kernel_tests, tmp_path, monkeypa
         monkeypatch, lambda kw: kw | {"K_QScale": kw["V_QScale"], "V_QScale": kw["K_QScale"]}
     )
     with pytest.raises(AssertionError):
-        kernel_tests.test_every_admitted_gqa_ratio(tmp_path, monkeypatch, 5, torch.bfloat16)
+        kernel_tests.test_every_admitted_gqa_ratio(tmp_path, 5, torch.bfloat16)
 
 
 def test_the_kernel_tests_catch_aiters_default_precision(kernel_tests, tmp_path, monkeypatch):
@@ -431,5 +434,5 @@ def test_the_kernel_tests_catch_aiters_default_precision(kernel_tests, tmp_path,
 
         monkeypatch.setattr(core, "ASM_PRECISION", 1)
     with pytest.raises(AssertionError) as failed:
-        kernel_tests.test_every_admitted_gqa_ratio(tmp_path, monkeypatch, 5, torch.bfloat16)
-    assert 'kw["high_precision"]' in str(failed.traceback[-1].statement)
+        kernel_tests.test_every_admitted_gqa_ratio(tmp_path, 5, torch.bfloat16)
+    assert '["high_precision"]' in str(failed.traceback[-1].statement)

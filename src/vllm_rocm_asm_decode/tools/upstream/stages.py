@@ -179,23 +179,28 @@ _BUILDER_INIT = """\
         self._asm_filled: dict[torch.nn.Module, tuple[float, float]] = {}"""
 
 _STAGE_1_CAP = """\
-            keys = list(enumerate(scales))  # K and V tables apart: (0 or 1, scale)
-            if len(tables.keys() | set(keys)) > 4:  # allocated past the KV cache sizing
-                reasons.append("a fifth KV scale table")
+        keys = {key for both in self._asm_filled.values() for key in enumerate(both)}
+        if self._asm_filled and (old or len(keys) > 4):  # > 4: past the KV cache sizing
+            why = f"AITER {aiter}, need 0.1.17" if old else f"{len(keys)} tables, max 4"
+            logger.info_once("ROCM_ATTN: no AITER pa_fwd_asm decode (%s)", why)
+            self._asm_filled = {}
 """
 
 _STAGE_1_TABLES = """\
-            for key in set(keys) - tables.keys():
+            for key in set(enumerate(both)) - tables.keys():
                 tables[key] = layer.kv_cache.new_full(shape, key[1], dtype=torch.float)
-            self._asm_scales[layer] = (tables[keys[0]], tables[keys[1]])
-            self._asm_filled[layer] = scales
+            self._asm_scales[layer] = (tables[(0, both[0])], tables[(1, both[1])])
 """
+
+_STAGE_1_TABLES_DECL = (
+    "        tables: dict[tuple[int, float], torch.Tensor] = {}  # by (K 0 / V 1, scale)\n"
+)
 
 _STAGE_1_BIND = (
     """\
 
     def _bind_asm_decode(self) -> None:
-        \"\"\"Give each layer pa_fwd_asm can decode its per-slot scale tables.\"\"\"
+        \"\"\"Give the layers pa_fwd_asm can decode per-slot scale tables, all or none.\"\"\"
         from vllm.platforms.rocm import on_mi3xx
 
         layers = self.vllm_config.compilation_config.static_forward_context
@@ -203,27 +208,27 @@ _STAGE_1_BIND = (
         cus = current_platform.num_compute_units(self.device.index or 0)
         self._asm_cut = _ASM_HEADS_PER_CU * cus
         try:  # AITER before 0.1.17 misreads KV block ids >= 65536 (AITER issue 3062)
-            from aiter._version import __version__ as aiter_version
+            from aiter._version import __version__ as aiter
 
-            aiter_ok = Version(aiter_version) >= Version("0.1.17")
+            old = Version(aiter) < Version("0.1.17")
         except (ImportError, InvalidVersion):
-            aiter_ok = False  # a build of unknown version
-        tables: dict[tuple[int, float], torch.Tensor] = {}  # by (K 0 / V 1, scale)
+            aiter, old = "of unknown version", True
         for layer in (layers[name] for name in self.layer_names):
             reasons = _asm_decode_rejections(layer.impl, layer.kv_cache, model, mi3xx)
-            reasons += [] if aiter_ok else ["an AITER before 0.1.17 or unversioned"]
-            scales = (layer._k_scale_float, layer._v_scale_float)
-"""
-    + _STAGE_1_CAP
-    + """\
             if reasons:
                 logger.debug("%s keeps HIP: %s", layer.layer_name, ", ".join(reasons))
-                continue
-            self._asm_heads = layer.impl.num_heads  # a drafter's, not the model's
+            else:
+                self._asm_filled[layer] = (layer._k_scale_float, layer._v_scale_float)
+"""
+    + _STAGE_1_CAP
+    + _STAGE_1_TABLES_DECL
+    + """\
+        for layer, both in self._asm_filled.items():
             shape = (layer.kv_cache.shape[0], layer.impl.num_kv_heads, _ASM_BLOCK_SIZE)
 """
     + _STAGE_1_TABLES
     + """\
+            self._asm_heads = layer.impl.num_heads  # the cut counts these layers' heads
         n, total = len(self._asm_scales), len(self.layer_names)
         msg = "ROCM_ATTN: AITER pa_fwd_asm decodes %d of %d layers above %d query heads"
         (logger.info_once if n else logger.debug_once)(msg, n, total, self._asm_cut)
@@ -556,18 +561,16 @@ def stage2_paged_decode(src: Source) -> None:
 # Stage 1's binding, with the tables from the shared helper (aliased; a layer's own
 # where its scales come from the checkpoint) instead of plain ones by value. Stage 1's
 # reload check refills them as it refilled its own.
-_STAGE_1_TABLES_DECL = (
-    "        tables: dict[tuple[int, float], torch.Tensor] = {}  # by (K 0 / V 1, scale)\n"
-)
 _STAGE_3_BIND = (
     _STAGE_1_BIND.replace(_STAGE_1_TABLES_DECL, "")
-    .replace(_STAGE_1_CAP, "")
+    .replace(_STAGE_1_CAP, _STAGE_1_CAP.split("\n", 1)[1])  # no cap: no keys
+    .replace("(old or len(keys) > 4):  # > 4: past the KV cache sizing", "old:")
+    .replace(' if old else f"{len(keys)} tables, max 4"', "")
     .replace(
         _STAGE_1_TABLES,
-        "            tables = self._asm_tables.get(layer, shape)\n"
-        "            self._asm_scales[layer] = tables\n"
-        "            self._asm_filled[layer] = scales\n",
+        "            self._asm_scales[layer] = self._asm_tables.get(layer, shape)\n",
     )
+    .replace("for layer, both in self._asm_filled.items():", "for layer in self._asm_filled:")
 )
 assert all(t in _STAGE_1_BIND for t in (_STAGE_1_TABLES, _STAGE_1_TABLES_DECL, _STAGE_1_CAP))
 

@@ -6,6 +6,7 @@ import json
 import sys
 from dataclasses import replace
 from types import SimpleNamespace
+from unittest import mock
 
 import pytest
 import torch
@@ -20,6 +21,7 @@ from vllm.model_executor.model_loader.reload import record_metadata_for_reloadin
 from vllm.model_executor.model_loader.reload.inplace import reload_weights
 from vllm.model_executor.model_loader.utils import process_weights_after_loading
 from vllm.platforms import current_platform
+from vllm.utils.math_utils import cdiv
 from vllm.v1.attention.backend import CommonAttentionMetadata
 from vllm.v1.attention.backends import rocm_attn
 from vllm.v1.attention.backends.registry import AttentionBackendEnum
@@ -73,7 +75,8 @@ def llama(path, heads=40, kvh=8, **kw):
 
 def kv_scales(*layers):  # each layer's (K, V) scales, as a checkpoint's weights
     names = [f"layers.{i}.{kv}_scale" for i in range(len(layers)) for kv in "kv"]
-    return list(zip(names, map(torch.tensor, sum(layers, ())), strict=True))
+    values = [torch.tensor(scale) for layer in layers for scale in layer]
+    return list(zip(names, values, strict=True))
 
 
 class Model(torch.nn.Module):
@@ -153,9 +156,9 @@ def decode(path, heads=40, kvh=8, dev=None, dtype=torch.bfloat16, **kw):
     dev = dev or DEVICE
     n = 2 * current_platform.num_compute_units() // heads + 1
     seq_lens = [CONTEXTS[i % len(CONTEXTS)] for i in range(n)] + [0] * PAD
-    free = (torch.randperm(sum(-(-s // BLOCK) for s in seq_lens)) + 1).tolist()
+    free = (torch.randperm(sum(cdiv(s, BLOCK) for s in seq_lens)) + 1).tolist()
     model = Model(path, heads, kvh, len(free) + 1, dev, dtype, **kw)
-    pages = [[free.pop() for _ in range(-(-s // BLOCK))] for s in seq_lens]
+    pages = [[free.pop() for _ in range(cdiv(s, BLOCK))] for s in seq_lens]
     query = torch.randn(n + PAD, heads, HEAD, dtype=dtype, device=dev)
     return model, common(seq_lens, pages, device=dev), query
 
@@ -166,16 +169,17 @@ GQA |= {"fp16-5": (5, torch.float16)}
 
 @requires_asm
 @pytest.mark.parametrize(("gqa", "dtype"), GQA.values(), ids=GQA)
-def test_every_admitted_gqa_ratio(tmp_path, monkeypatch, gqa, dtype):
+def test_every_admitted_gqa_ratio(tmp_path, gqa, dtype):
     """One ultra-precision call within its bound of the HIP decode at K/V scales 0.5/2
     (a swapped or missing scale is off by 4x); every row with a context written."""
     import aiter
 
     model, step, query = decode(tmp_path, 8 * gqa, 8, dtype=dtype)
-    metadata, pa, calls = model.builder.build(0, step), aiter.pa_fwd_asm, []
-    monkeypatch.setattr(aiter, "pa_fwd_asm", lambda **kw: calls.append(kw) or pa(**kw))
-    asm, hip = model.run(query, metadata)[:-PAD].float(), model.hip(query, metadata)
-    assert [kw["high_precision"] for kw in calls] == [2]
+    metadata = model.builder.build(0, step)
+    with mock.patch.object(aiter, "pa_fwd_asm", wraps=aiter.pa_fwd_asm) as pa:
+        asm = model.run(query, metadata)[:-PAD].float()
+    hip = model.hip(query, metadata)
+    assert [call.kwargs["high_precision"] for call in pa.call_args_list] == [2]
     torch.testing.assert_close(asm, hip, atol=ASM_MAX, rtol=0)
     assert (asm - hip).abs().mean() <= ASM_MEAN
 
@@ -195,6 +199,15 @@ def test_pages_over_4_gib_apart_read_as_adjacent_ones(tmp_path):
     metadata = model.builder.build(0, step)
     out = model.run(query.contiguous(), metadata)
     assert metadata.use_asm_decode and torch.equal(out[0], out[1])
+
+
+@requires_asm
+def test_padding_rows_come_out_finite(tmp_path):
+    """vLLM's FULL-graph padding (length 0, the null block): what the kernel writes
+    there is in no source, and a NaN would reach real tokens through a per-tensor
+    dynamic quantization of the output."""
+    model, step, query = decode(tmp_path)
+    assert model.run(query, model.builder.build(0, step))[-PAD:].isfinite().all()
 
 
 @requires_asm
@@ -218,29 +231,32 @@ def test_a_captured_graph_replays_asm_and_follows_a_weight_reload(tmp_path):
 
 
 def test_one_table_per_distinct_k_and_v_scale_at_most_four(tmp_path, gfx942):
-    """Layers at one scale share tables (K's apart from V's); the last layer would add
-    a fifth and a sixth, which are outside vLLM's KV cache sizing: it keeps HIP."""
-    scales = [(1, 1), (1, 1), (0.5, 2), (0.25, 4)]
-    model, step, _ = decode(tmp_path, dev="cpu", scales=scales)
+    """Layers at one scale share tables (K's apart from V's). Layers whose scales need
+    more than four (made outside vLLM's KV cache sizing) all keep HIP."""
+    model, step, _ = decode(tmp_path, dev="cpu", scales=[(1, 1), (1, 1), (0.5, 2)])
     tables = model.builder.build(0, step).asm_scales
-    (k0, v0), (k1, v1), (k2, v2) = (tables[x] for x in model.layers[:3])
+    (k0, v0), (k1, v1), (k2, v2) = (tables[x] for x in model.layers)
     assert k0 is k1 and v0 is v1 and len({k0, v0, k2, v2}) == 4
     assert k0.shape == (model.attn.kv_cache.shape[0], 8, BLOCK)
     ratios = [(t / k0).unique().tolist() for t in (v0, k2, v2)]  # e4m3fnuz doubles
     assert k0.unique().numel() == 1 and ratios == [[1], [0.5], [2]]
-    assert model.layers[3] not in tables
+    model, step, _ = decode(tmp_path, dev="cpu", scales=[(1, 1), (0.5, 2), (0.25, 4)])
+    assert model.builder.build(0, step).asm_scales == {}
 
 
-def test_a_drafters_cut_and_a_fused_output_quant(tmp_path, gfx942, monkeypatch):
-    """A drafter's builder cuts on its layers' heads (40), not the model's (8); a layer
-    asked for a quantized output (output_scale) keeps HIP in an asm step."""
-    model, step, query = decode(tmp_path, dev="cpu")
+def test_a_drafters_builder_cuts_on_its_layers_heads(tmp_path, gfx942):
+    """Its layers' 40 query heads, not its model's 8 (a step just above the cut)."""
+    model, step, _ = decode(tmp_path, dev="cpu")
     model.config.model_config.model_arch_config.total_num_attention_heads = 8
-    metadata, hip = model.new_builder().build(0, step), []
-    hip_decode = lambda **kw: hip.append(kw)  # noqa: E731
-    monkeypatch.setattr(rocm_attn, "chunked_prefill_paged_decode", hip_decode)
-    model.run(query, metadata, output_scale=torch.ones(1))
-    assert metadata.use_asm_decode and len(hip) == 1
+    assert model.new_builder().build(0, step).use_asm_decode
+
+
+def test_a_fused_output_quant_keeps_hip(tmp_path, gfx942):
+    model, step, query = decode(tmp_path, dev="cpu")
+    metadata = model.builder.build(0, step)
+    with mock.patch.object(rocm_attn, "chunked_prefill_paged_decode") as hip:
+        model.run(query, metadata, output_scale=torch.ones(1))
+    assert metadata.use_asm_decode and hip.call_count == 1
 
 
 @pytest.mark.parametrize("mode", ["NONE", "FULL", "FULL_AND_PIECEWISE"])
@@ -262,12 +278,19 @@ def test_a_reload_that_parts_the_layers_of_a_table(tmp_path, gfx942, mode):
 
 
 @pytest.mark.parametrize("version", ["0.1.16.post1", "0.1.17rc1", "unknown"])
-def test_an_old_aiter_and_derived_builders_keep_hip(tmp_path, gfx942, version):
+def test_an_aiter_before_0_1_17_keeps_hip(tmp_path, gfx942, version):
+    gfx942.__version__ = version
+    model, step, _ = decode(tmp_path, dev="cpu")
+    assert model.builder.build(0, step).asm_scales == {}
+
+
+def test_only_rocm_attns_own_builder_with_aiters_mha_binds(tmp_path, gfx942):
     model, step, _ = decode(tmp_path, dev="cpu")
     derived = type("Derived", (type(model.builder),), {})  # another backend's
-    assert not model.new_builder(derived).build(0, step).use_asm_decode
-    gfx942.__version__ = version
-    assert not model.builder.build(0, step).use_asm_decode
+    assert model.new_builder(derived).build(0, step).asm_scales == {}
+    with mock.patch.object(rocm_aiter_ops, "is_mha_enabled", return_value=False):
+        assert model.new_builder().build(0, step).asm_scales == {}
+    assert model.new_builder().build(0, step).asm_scales
 
 
 def rule(path, head=HEAD, block=BLOCK, lbhnc=False, mi3xx=True, model=None, **kw):
