@@ -85,6 +85,10 @@ CASES = {
         ["bench", "serve", "--model", "m", "--vllm", STAND_IN_VLLM, "--serve-arg=--kv_cache_dtype"],
         "--serve-arg --kv_cache_dtype: bench serve sets --kv-cache-dtype itself (both arms",
     ),
+    "serve-arg-model": (
+        ["bench", "serve", "--model", "m", "--vllm", STAND_IN_VLLM, "--serve-arg", "--model=foo"],
+        "--serve-arg --model=foo: bench serve sets --model itself; use bench serve's --model",
+    ),
     "serve-arg-tp": (
         ["bench", "serve", "--model", "m", "--vllm", STAND_IN_VLLM, "--serve-arg", "-tp 2"],
         "bench serve sets -tp itself; use bench serve's --tensor-parallel-size",
@@ -747,16 +751,37 @@ def test_a_full_stdout_is_one_line_and_exit_1():
     ]
 
 
-def run_with_stdout_closed(*argv: str) -> subprocess.CompletedProcess:
-    """The command started as ``cmd >&-`` starts it: file descriptor 1 closed."""
+def run_with_stdout_closed(*argv: str, fd: int = 1) -> subprocess.CompletedProcess:
+    """The command started as ``cmd >&-`` starts it: file descriptor 1 (or ``fd``)
+    closed."""
     code = "import sys\nfrom vllm_rocm_asm_decode.tools.cli import main\nsys.exit(main())\n"
     return subprocess.run(
         [sys.executable, "-c", code, *argv],
-        stderr=subprocess.PIPE,
+        stdout=subprocess.PIPE if fd == 2 else None,
+        stderr=subprocess.PIPE if fd == 1 else None,
         text=True,
         timeout=120,
-        preexec_fn=lambda: os.close(1),
+        preexec_fn=lambda: os.close(fd),
     )
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "code", "out"),
+    [
+        (["plan", "--help"], {}, 0, "usage: vllm-rocm-asm-decode plan"),
+        (["plan", "--json"], {"VLLM_ROCM_ASM_DECODE": "yes"}, 2, ""),
+        (["plan", "--bogus"], {}, 2, ""),
+    ],
+    ids=["help", "setting", "usage"],
+)
+def test_a_closed_stderr_keeps_stdout_for_the_answer(argv, env, code, out, monkeypatch):
+    """Started with stderr closed (``2>&-``): what goes to stderr goes nowhere, not to
+    stdout (where ``print(file=None)`` would put it); the answer is as ever."""
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    proc = run_with_stdout_closed(*argv, fd=2)
+    assert proc.returncode == code and proc.stdout.startswith(out), proc.stdout
+    assert out or proc.stdout == ""
 
 
 @pytest.mark.parametrize("argv", [["--version"], ["plan", "--help"]], ids=["version", "help"])

@@ -852,7 +852,9 @@ def main(argv: list[str] | None = None) -> int:
     error) pass through as SystemExit. Paths of bytes that are not UTF-8 are printed
     as given."""
     _keep_unencodable_text(sys.stdout, sys.stderr)
-    real = sys.stdout
+    real, real_err = sys.stdout, sys.stderr
+    if real_err is None:  # started with stderr closed (``2>&-``): what it says goes nowhere
+        sys.stderr = open(os.devnull, "w")  # closed in the finally below
     # None: started with stdout closed (``>&-``), where print() would write nothing.
     sys.stdout = _GuardedStdout(_ClosedStdout() if real is None else real)
     undo_sigterm = _take_sigterm_as_ctrl_c()
@@ -879,6 +881,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     finally:
         sys.stdout = real
+        if real_err is None:
+            sys.stderr.close()
+            sys.stderr = real_err
         undo_sigterm()
 
 

@@ -28,7 +28,8 @@ a file's CRLF line endings are kept; runs on one tree take turns. Trees other th
 0.33.x are refused, and so is an installed ``site-packages``, through symlinks too.
 ``--check`` applies the change to a temporary copy and prints what it would change.
 Everything is written before anything is printed.
-Exit status: 0 written, or nothing to do; 1 ``--check`` found changes; 2 an error; 130
+Exit status: 0 written, or nothing to do; 1 ``--check`` found changes, or stdout could
+not be written (a line on stderr says so; the tree is written first); 2 an error; 130
 interrupted (the message says whether the tree was written); 141 the reader of stdout
 went away.
 """

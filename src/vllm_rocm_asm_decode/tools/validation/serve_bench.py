@@ -65,6 +65,7 @@ class ServeError(RuntimeError):
 #: ``vllm serve`` options the harness sets itself, each with the ``bench serve`` option
 #: that sets it (None: fixed by the harness).
 OWNED_SERVE_OPTIONS = {
+    "--model": "--model",  # given to vllm serve as its positional model
     "--kv-cache-dtype": None,
     "--host": "--host",
     "--port": "--port",
