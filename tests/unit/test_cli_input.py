@@ -85,6 +85,14 @@ CASES = {
         ["bench", "serve", "--model", "m", "--vllm", STAND_IN_VLLM, "--serve-arg=--kv_cache_dtype"],
         "--serve-arg --kv_cache_dtype: bench serve sets --kv-cache-dtype itself (both arms",
     ),
+    "contexts-empty-item": (
+        ["check", "accuracy", "--contexts", "1,"],
+        "'1,' is not a comma-separated list of integers",
+    ),
+    "seqs-empty-item": (
+        ["bench", "kernel", "--seqs", "1,,2"],
+        "'1,,2' is not a comma-separated list of integers",
+    ),
     "serve-arg-model": (
         ["bench", "serve", "--model", "m", "--vllm", STAND_IN_VLLM, "--serve-arg", "--model=foo"],
         "--serve-arg --model=foo: bench serve sets --model itself; use bench serve's --model",
@@ -298,6 +306,14 @@ CASES = {
     "passkey-seed-underscore": (
         ["check", "passkey", "--model", "m", "--seed", "1_000"],
         "argument --seed: '1_000' is not a whole number (ASCII digits)",
+    ),
+    "passkey-seed-negative": (
+        ["check", "passkey", "--model", "m", "--seed", "-1"],
+        "argument --seed: -1 is not a seed from 0 to 4294967295",
+    ),
+    "kernel-iters-huge": (
+        ["bench", "kernel", "--iters", "999999999999999999999"],
+        "argument --iters: 999999999999999999999 is more than 1000000 graph replays",
     ),
     # unrecognized arguments name the subcommand
     "unrecognized-plan": (
@@ -784,14 +800,22 @@ def test_a_closed_stderr_keeps_stdout_for_the_answer(argv, env, code, out, monke
     assert out or proc.stdout == ""
 
 
-@pytest.mark.parametrize("argv", [["--version"], ["plan", "--help"]], ids=["version", "help"])
-def test_a_closed_stdout_is_one_line_and_exit_1(argv):
+@pytest.mark.parametrize(
+    ("argv", "who"),
+    [
+        (["--version"], ""),
+        (["plan", "--help"], " plan"),
+        (["bench", "serve", "-h"], " bench serve"),
+    ],
+    ids=["version", "help", "bench-serve-help"],
+)
+def test_a_closed_stdout_is_one_line_and_exit_1(argv, who):
     """Not a traceback (argparse's help) nor a silent exit 0 (print() to no stdout): the
-    answer cannot go out, as on a full disk."""
+    answer cannot go out, as on a full disk; the line names the command."""
     proc = run_with_stdout_closed(*argv)
     assert (proc.returncode, proc.stderr.splitlines()) == (
         1,
-        ["vllm-rocm-asm-decode: error: cannot write to stdout: Bad file descriptor"],
+        [f"vllm-rocm-asm-decode{who}: error: cannot write to stdout: Bad file descriptor"],
     )
 
 

@@ -78,6 +78,23 @@ def test_attention_numbers_are_judged_before_vllm(tmp_path, case, capsys):
 
 
 @pytest.mark.parametrize(
+    ("field", "refused"),
+    [("num_attention_heads", True), ("num_hidden_layers", True), ("num_key_value_heads", False)],
+)
+def test_a_null_count_in_config_json_is_judged_before_vllm(tmp_path, field, refused):
+    """A null head or layer count is refused at once (vLLM would refuse it only after its
+    import); a null KV head count means as many as the heads, as transformers reads it."""
+    from vllm_rocm_asm_decode.tools.choices import check_model_config
+
+    model_dir(tmp_path, BASE | {field: None})
+    if refused:
+        with pytest.raises(InputError, match=f"{field} is null; it must be a whole number"):
+            check_model_config(tmp_path)
+    else:
+        check_model_config(tmp_path)
+
+
+@pytest.mark.parametrize(
     ("case", "field"),
     [
         ("attention-multiplier-text", "attention_multiplier"),

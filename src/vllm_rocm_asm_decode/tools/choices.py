@@ -188,7 +188,12 @@ def check_model_config(model_dir: Path, tensor_parallel_size: int = 1) -> None:
     ):
         found = _count(section, keys)
         if found is None:
-            continue
+            # A null head or layer count is no count (vLLM would fail on it after its
+            # import); a null KV head count means "as many as the heads" to transformers.
+            null = next((k for k in keys if k in section), None)
+            if null is None or what == "kv_heads":
+                continue
+            found = (null, None)
         key, value = found
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise InputError(
@@ -254,6 +259,23 @@ def _bounded(text: str, limit: int, what: str) -> int:
     value = positive_int(text)
     if value > limit:
         raise argparse.ArgumentTypeError(f"{value} is more than {limit} {what}")
+    return value
+
+
+#: ``bench kernel --iters`` at most: a million graph replays a timing is already hours.
+MAX_ITERS = 10**6
+
+
+def iters(text: str) -> int:
+    """``bench kernel --iters``: 1 to :data:`MAX_ITERS`."""
+    return _bounded(text, MAX_ITERS, "graph replays per timing")
+
+
+def seed(text: str) -> int:
+    """A seed: 0 to 2**32 - 1, as ``check accuracy --seeds`` takes them."""
+    value = integer(text)
+    if not 0 <= value < 2**32:
+        raise argparse.ArgumentTypeError(f"{value} is not a seed from 0 to {2**32 - 1}")
     return value
 
 
@@ -362,7 +384,7 @@ def cudagraph_mode(text: str) -> str:
 
 def int_list(text: str, minimum: int = 1, maximum: int | None = None) -> list[int]:
     try:
-        values = [_ascii_int(v) for v in text.split(",") if v.strip()]
+        values = [_ascii_int(v) for v in text.split(",")]  # an empty item too: "1,"
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"{text!r} is not a comma-separated list of integers"

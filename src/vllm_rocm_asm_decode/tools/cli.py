@@ -442,7 +442,7 @@ def _add_bench_kernel(bench) -> None:
     )
     p.add_argument(
         "--iters",
-        type=choices.positive_int,
+        type=choices.iters,
         default=100,
         help="graph replays per timing (default 100)",
     )
@@ -493,9 +493,9 @@ def _add_check_passkey(check) -> None:
     )
     p.add_argument(
         "--seed",
-        type=choices.integer,
+        type=choices.seed,
         default=0,
-        help="seed of the passkeys and their places (default 0)",
+        help="seed of the passkeys and their places, 0 to 2**32-1 (default 0)",
     )
     p.add_argument(
         "--timeout",
@@ -920,6 +920,17 @@ def _leaf_parser(parser: argparse.ArgumentParser, args: argparse.Namespace):
         current = action.choices[name]
 
 
+def _command_words(argv: list[str]) -> list[str]:
+    """The command ``argv`` names, before it is parsed: ``["bench", "serve"]``."""
+    words: list[str] = []
+    for arg in argv[:2]:
+        if arg.startswith("-") or (words and words[0] not in ("bench", "check")):
+            break
+        words.append(arg)
+    known = ("plan", "doctor", "upstream", "bench", "check", "reproduce")
+    return words if words and words[0] in known else []
+
+
 def _name(args: argparse.Namespace) -> str:
     """The command's words: ``plan``, ``bench serve``."""
     if args.command in ("bench", "check"):
@@ -929,6 +940,7 @@ def _name(args: argparse.Namespace) -> str:
 
 def _main(argv: list[str] | None) -> int:
     argv = _glue_serve_args(list(sys.argv[1:] if argv is None else argv))
+    _running[:] = _command_words(argv)  # for what --help, while parsing, cannot write
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra:  # said by the subcommand's parser, so the line names the subcommand
