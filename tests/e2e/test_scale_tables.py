@@ -188,7 +188,7 @@ def test_a_reload_of_one_side_alone_is_followed(tmp_path, kernels, plugin_log, m
 
 
 @pytest.mark.skipif(not harness.IN_TREE, reason="the plugin gives such layers their own tables")
-@pytest.mark.parametrize("mode", ["NONE", "PIECEWISE", "FULL"])
+@pytest.mark.parametrize("mode", ["NONE", "PIECEWISE"])
 def test_a_diverging_reload_of_allocated_shared_tables_sends_those_layers_to_hip(
     tmp_path, kernels, plugin_log, monkeypatch, mode
 ):
@@ -202,8 +202,7 @@ def test_a_diverging_reload_of_allocated_shared_tables_sends_those_layers_to_hip
 
     stock = harness.spy_stock_path(monkeypatch)
     model, checkpoint = fp8_checkpoint(tmp_path, [(0.5, 0.25)] * 2 + [(1.0, 0.5)])
-    # Eager, piecewise graphs (attention runs eagerly) or FULL (its graphs are captured
-    # with mixed batches: none holds the asm decode).
+    # Eager, or piecewise graphs (attention runs eagerly).
     model.vllm_config.compilation_config.cudagraph_mode = CUDAGraphMode[mode]
     model.builder.build(0, harness.make_batch(model, [40] * 16).common)
     checkpoint.reload([(0.5, 0.25), (2.0, 0.25), (1.0, 0.5)])
@@ -223,15 +222,17 @@ def test_a_diverging_reload_of_allocated_shared_tables_sends_those_layers_to_hip
 
 
 @pytest.mark.skipif(not harness.IN_TREE, reason="the plugin gives such layers their own tables")
+@pytest.mark.parametrize("mode", ["FULL", "FULL_AND_PIECEWISE", "FULL_DECODE_ONLY"])
 def test_a_diverging_reload_of_allocated_shared_tables_under_full_graphs_stops_vllm(
-    tmp_path, kernels, plugin_log
+    tmp_path, kernels, plugin_log, mode
 ):
     """With FULL CUDA graphs captured, no fallback can make the moved layer right (its
-    graphs hold the shared table): the next build() raises, naming it and the remedy."""
+    graphs hold the shared table; under FULL, a drafter's decode graphs do): the next
+    build() raises, naming it and the remedy."""
     from vllm.config import CUDAGraphMode
 
     model, checkpoint = fp8_checkpoint(tmp_path, [(0.5, 0.25)] * 2)
-    model.vllm_config.compilation_config.cudagraph_mode = CUDAGraphMode.FULL_AND_PIECEWISE
+    model.vllm_config.compilation_config.cudagraph_mode = CUDAGraphMode[mode]
     model.builder.build(0, harness.make_batch(model, [40] * 16).common)
     checkpoint.reload([(0.5, 0.25), (2.0, 0.25)])
     with pytest.raises(RuntimeError, match=f"KV scales of {model.names[1]} left") as raised:

@@ -257,7 +257,7 @@ _STAGE_1_RELOAD = """\
         if stale:
             names = ", ".join(x.layer_name for x in stale)
             why = f"Reloaded KV scales of {names} left their shared asm scale tables"
-            if self.vllm_config.compilation_config.cudagraph_mode.separate_routine():
+            if self.vllm_config.compilation_config.cudagraph_mode.has_full_cudagraphs():
                 raise RuntimeError(f"{why}; restart vLLM (graphs hold the old scales)")
             logger.warning("%s: they now use the HIP decode", why)
         self._asm_scales = {x: t for x, t in self._asm_scales.items() if x not in stale}

@@ -13,7 +13,7 @@ import torch
 from packaging.version import InvalidVersion, Version
 
 from vllm import config as cfg
-from vllm._aiter_ops import is_aiter_found_and_supported, rocm_aiter_ops
+from vllm._aiter_ops import rocm_aiter_ops
 from vllm.config import CUDAGraphMode
 from vllm.model_executor.layers.attention import Attention
 from vllm.model_executor.layers.quantization.fp8 import Fp8Config
@@ -30,13 +30,16 @@ from vllm_rocm_asm_decode.core import asm_decode_rejections, use_asm_decode
 DEVICE, HEAD, BLOCK, PAD, CUS = "cuda", 128, 16, 8, 304
 CONTEXTS = [1, 15, 16, 17, 255, 1000, 4000]
 # Against fp32 on MI355X: asm (high_precision=2) max 0.026, mean 0.00078; HIP max
-# 0.0072, mean 0.00018. asm against HIP: the sums, max x1.5 and mean x2 as headroom.
+# 0.0072, mean 0.00018. asm against HIP: the sums, max x1.5 and mean x2 as headroom,
+# times the V scale, which scales the output and its error (taken as 1 there).
 ASM_MAX, ASM_MEAN = 0.05, 0.002
 try:  # AITER before 0.1.17 misreads block ids >= 65536: the decode keeps HIP
     from aiter._version import __version__
 
-    ASM = is_aiter_found_and_supported() and Version(__version__) >= Version("0.1.17")
-except (ImportError, InvalidVersion):
+    from vllm.platforms.rocm import on_mi3xx
+
+    ASM = on_mi3xx() and Version(__version__) >= Version("0.1.17")
+except (ImportError, InvalidVersion):  # no ROCm GPU, no AITER, or an unknown one
     ASM = False
 requires_asm = pytest.mark.skipif(
     not (ASM and torch.accelerator.is_available()),
@@ -180,8 +183,8 @@ def test_every_admitted_gqa_ratio(tmp_path, gqa, dtype):
         asm = model.run(query, metadata)[:-PAD].float()
     hip = model.hip(query, metadata)
     assert [call.kwargs["high_precision"] for call in pa.call_args_list] == [2]
-    torch.testing.assert_close(asm, hip, atol=ASM_MAX, rtol=0)
-    assert (asm - hip).abs().mean() <= ASM_MEAN
+    torch.testing.assert_close(asm, hip, atol=ASM_MAX * 2, rtol=0)  # V scale 2
+    assert (asm - hip).abs().mean() <= ASM_MEAN * 2
 
 
 @requires_asm
@@ -207,7 +210,10 @@ def test_padding_rows_come_out_finite(tmp_path):
     there is in no source, and a NaN would reach real tokens through a per-tensor
     dynamic quantization of the output."""
     model, step, query = decode(tmp_path)
-    assert model.run(query, model.builder.build(0, step))[-PAD:].isfinite().all()
+    metadata = model.builder.build(0, step)
+    assert (
+        metadata.use_asm_decode and model.run(query, metadata)[-PAD:].isfinite().all()
+    )
 
 
 @requires_asm
@@ -222,12 +228,13 @@ def test_a_captured_graph_replays_asm_and_follows_a_weight_reload(tmp_path):
     model.run(query, metadata, out)  # warm up
     with torch.cuda.graph(graph):
         model.run(query, metadata, out)
-    for scales in ((1, 0.5), (0.25, 4)):
-        reload_weights(model.config, model, kv_scales(scales), None, True)
+    for k_scale, v_scale in ((1, 0.5), (0.25, 4)):
+        reload_weights(model.config, model, kv_scales((k_scale, v_scale)), None, True)
         hip = model.hip(query, model.builder.build(0, step))  # refills the tables
         graph.replay()
+        atol = ASM_MAX * v_scale
         assert metadata.use_asm_decode
-        torch.testing.assert_close(out[:-PAD].float(), hip, atol=ASM_MAX, rtol=0)
+        torch.testing.assert_close(out[:-PAD].float(), hip, atol=atol, rtol=0)
 
 
 def test_one_table_per_distinct_k_and_v_scale_at_most_four(tmp_path, gfx942):
@@ -259,18 +266,18 @@ def test_a_fused_output_quant_keeps_hip(tmp_path, gfx942):
     assert metadata.use_asm_decode and hip.call_count == 1
 
 
-@pytest.mark.parametrize("mode", ["NONE", "FULL", "FULL_AND_PIECEWISE"])
+@pytest.mark.parametrize("mode", ["NONE", "PIECEWISE", "FULL", "FULL_AND_PIECEWISE"])
 def test_a_reload_that_parts_the_layers_of_a_table(tmp_path, gfx942, mode):
     """Layers moving together refill their table in place. The layer that then moves
-    alone goes back to HIP (one warning), or, where FULL decode graphs replay the old
-    table, build() stops (FULL captures every graph as a mixed batch: HIP)."""
+    alone goes back to HIP (one warning), or, where FULL graphs may replay the old
+    table (a drafter's decode graphs under FULL too), build() stops."""
     model, step, _ = decode(tmp_path, dev="cpu", scales=[(1, 1), (1, 1)])
     model.config.compilation_config.cudagraph_mode = CUDAGraphMode[mode]
     k, v = model.builder.build(0, step).asm_scales[model.attn]
     reload_weights(model.config, model, kv_scales((2, 1), (2, 1)), None, True)
     assert len(model.builder.build(0, step).asm_scales) == 2 and (k / v).unique() == 2
     reload_weights(model.config, model, kv_scales((2, 1), (0.5, 1)), None, True)
-    if mode != "FULL_AND_PIECEWISE":
+    if not mode.startswith("FULL"):
         assert list(model.builder.build(0, step).asm_scales) == [model.attn]
     else:
         with pytest.raises(RuntimeError, match=r"layers\.1 left their shared"):
