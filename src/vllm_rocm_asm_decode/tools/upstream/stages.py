@@ -181,13 +181,13 @@ _BUILDER_INIT = """\
 _STAGE_1_CAP = """\
         keys = {key for both in self._asm_filled.values() for key in enumerate(both)}
         if self._asm_filled and (old or len(keys) > 4):  # > 4: past the KV cache sizing
-            why = f"AITER {aiter}, need 0.1.17" if old else f"{len(keys)} tables, max 4"
+            why = f"AITER {version}, need 0.1.17" if old else f"{len(keys)} tables > 4"
             logger.info_once("ROCM_ATTN: no AITER pa_fwd_asm decode (%s)", why)
             self._asm_filled = {}
 """
 
 _STAGE_1_TABLES = """\
-            for key in set(enumerate(both)) - tables.keys():
+            for key in {(0, both[0]), (1, both[1])} - tables.keys():  # K 0, V 1
                 tables[key] = layer.kv_cache.new_full(shape, key[1], dtype=torch.float)
             self._asm_scales[layer] = (tables[(0, both[0])], tables[(1, both[1])])
 """
@@ -208,11 +208,11 @@ _STAGE_1_BIND = (
         cus = current_platform.num_compute_units(self.device.index or 0)
         self._asm_cut = _ASM_HEADS_PER_CU * cus
         try:  # AITER before 0.1.17 misreads KV block ids >= 65536 (AITER issue 3062)
-            from aiter._version import __version__ as aiter
+            from aiter._version import __version__ as version
 
-            old = Version(aiter) < Version("0.1.17")
+            old = Version(version) < Version("0.1.17")
         except (ImportError, InvalidVersion):
-            aiter, old = "of unknown version", True
+            version, old = "of unknown version", True
         for layer in (layers[name] for name in self.layer_names):
             reasons = _asm_decode_rejections(layer.impl, layer.kv_cache, model, mi3xx)
             if reasons:
@@ -258,7 +258,8 @@ _STAGE_1_RELOAD = """\
             names = ", ".join(x.layer_name for x in stale)
             why = f"Reloaded KV scales of {names} left their shared asm scale tables"
             if self.vllm_config.compilation_config.cudagraph_mode.has_full_cudagraphs():
-                raise RuntimeError(f"{why}; restart vLLM (graphs hold the old scales)")
+                fix = "for such reloads, VLLM_ROCM_USE_AITER_MHA=0 or PIECEWISE graphs"
+                raise RuntimeError(f"{why} (CUDA graphs hold them); {fix}")
             logger.warning("%s: they now use the HIP decode", why)
         self._asm_scales = {x: t for x, t in self._asm_scales.items() if x not in stale}
         self._asm_filled = {x: now[x] for x in self._asm_scales}"""
@@ -565,7 +566,7 @@ _STAGE_3_BIND = (
     _STAGE_1_BIND.replace(_STAGE_1_TABLES_DECL, "")
     .replace(_STAGE_1_CAP, _STAGE_1_CAP.split("\n", 1)[1])  # no cap: no keys
     .replace("(old or len(keys) > 4):  # > 4: past the KV cache sizing", "old:")
-    .replace(' if old else f"{len(keys)} tables, max 4"', "")
+    .replace(' if old else f"{len(keys)} tables > 4"', "")
     .replace(
         _STAGE_1_TABLES,
         "            self._asm_scales[layer] = self._asm_tables.get(layer, shape)\n",

@@ -162,7 +162,8 @@ def decode(path, heads=40, kvh=8, dev=None, dtype=torch.bfloat16, **kw):
     free = (torch.randperm(sum(cdiv(s, BLOCK) for s in seq_lens)) + 1).tolist()
     model = Model(path, heads, kvh, len(free) + 1, dev, dtype, **kw)
     pages = [[free.pop() for _ in range(cdiv(s, BLOCK))] for s in seq_lens]
-    query = torch.randn(n + PAD, heads, HEAD, dtype=dtype, device=dev)
+    qkv = torch.randn(n + PAD, heads + 2 * kvh, HEAD, dtype=dtype, device=dev)
+    query = qkv[:, :heads]  # as vLLM hands it: a view of the QKV projection
     return model, common(seq_lens, pages, device=dev), query
 
 
@@ -211,9 +212,8 @@ def test_padding_rows_come_out_finite(tmp_path):
     dynamic quantization of the output."""
     model, step, query = decode(tmp_path)
     metadata = model.builder.build(0, step)
-    assert (
-        metadata.use_asm_decode and model.run(query, metadata)[-PAD:].isfinite().all()
-    )
+    out = model.run(query, metadata, torch.zeros_like(query))  # stock leaves them so
+    assert metadata.use_asm_decode and out[-PAD:].isfinite().all()
 
 
 @requires_asm
@@ -266,7 +266,7 @@ def test_a_fused_output_quant_keeps_hip(tmp_path, gfx942):
     assert metadata.use_asm_decode and hip.call_count == 1
 
 
-@pytest.mark.parametrize("mode", ["NONE", "PIECEWISE", "FULL", "FULL_AND_PIECEWISE"])
+@pytest.mark.parametrize("mode", ["PIECEWISE", "FULL"])
 def test_a_reload_that_parts_the_layers_of_a_table(tmp_path, gfx942, mode):
     """Layers moving together refill their table in place. The layer that then moves
     alone goes back to HIP (one warning), or, where FULL graphs may replay the old
@@ -280,7 +280,7 @@ def test_a_reload_that_parts_the_layers_of_a_table(tmp_path, gfx942, mode):
     if not mode.startswith("FULL"):
         assert list(model.builder.build(0, step).asm_scales) == [model.attn]
     else:
-        with pytest.raises(RuntimeError, match=r"layers\.1 left their shared"):
+        with pytest.raises(RuntimeError, match=r"layers\.1 left .*_AITER_MHA=0 or"):
             model.builder.build(0, step)
 
 
