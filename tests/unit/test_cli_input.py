@@ -767,9 +767,9 @@ def test_a_full_stdout_is_one_line_and_exit_1():
     ]
 
 
-def run_with_stdout_closed(*argv: str, fd: int = 1) -> subprocess.CompletedProcess:
-    """The command started as ``cmd >&-`` starts it: file descriptor 1 (or ``fd``)
-    closed."""
+def run_with_closed(*argv: str, fd: int = 1) -> subprocess.CompletedProcess:
+    """The command started as ``cmd >&-`` (``fd`` 1) or ``cmd 2>&-`` (``fd`` 2) starts
+    it: that file descriptor closed."""
     code = "import sys\nfrom vllm_rocm_asm_decode.tools.cli import main\nsys.exit(main())\n"
     return subprocess.run(
         [sys.executable, "-c", code, *argv],
@@ -795,7 +795,7 @@ def test_a_closed_stderr_keeps_stdout_for_the_answer(argv, env, code, out, monke
     stdout (where ``print(file=None)`` would put it); the answer is as ever."""
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    proc = run_with_stdout_closed(*argv, fd=2)
+    proc = run_with_closed(*argv, fd=2)
     assert proc.returncode == code and proc.stdout.startswith(out), proc.stdout
     assert out or proc.stdout == ""
 
@@ -812,7 +812,7 @@ def test_a_closed_stderr_keeps_stdout_for_the_answer(argv, env, code, out, monke
 def test_a_closed_stdout_is_one_line_and_exit_1(argv, who):
     """Not a traceback (argparse's help) nor a silent exit 0 (print() to no stdout): the
     answer cannot go out, as on a full disk; the line names the command."""
-    proc = run_with_stdout_closed(*argv)
+    proc = run_with_closed(*argv)
     assert (proc.returncode, proc.stderr.splitlines()) == (
         1,
         [f"vllm-rocm-asm-decode{who}: error: cannot write to stdout: Bad file descriptor"],

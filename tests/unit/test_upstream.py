@@ -690,9 +690,9 @@ def test_the_pull_request_texts_are_short_shipped_and_in_the_docs(stage):
 
 def test_a_closed_stdout_after_writing_is_one_line_and_exit_1(tree):
     """``upstream DIR >&-``: the tree is written whole, then the report cannot go out."""
-    from test_cli_input import run_with_stdout_closed
+    from test_cli_input import run_with_closed
 
-    proc = run_with_stdout_closed("upstream", str(tree))
+    proc = run_with_closed("upstream", str(tree))
     assert (proc.returncode, proc.stderr.splitlines()) == (
         1,
         ["vllm-rocm-asm-decode upstream: error: cannot write to stdout: Bad file descriptor"],
