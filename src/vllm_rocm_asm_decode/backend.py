@@ -47,7 +47,6 @@ from vllm.v1.attention.backends.rocm_attn import (
     RocmAttentionMetadata,
     RocmAttentionMetadataBuilder,
 )
-from vllm.v1.attention.backends.utils import get_num_attention_heads_from_layers
 from vllm.v1.attention.ops import chunked_prefill_paged_decode as stock_ops
 from vllm.v1.kv_cache_interface import AttentionSpec
 
@@ -338,8 +337,12 @@ class RocmAsmDecodeMetadataBuilder(RocmAttentionMetadataBuilder):
     ) -> None:
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
         # The cut counts these layers' query heads: a drafter's may not be the model's.
-        heads = get_num_attention_heads_from_layers(vllm_config, layer_names)
-        self.num_heads_q = heads or self.num_heads_q
+        # (vLLM's get_num_attention_heads_from_layers asserts one count, which stock
+        # ROCM_ATTN does not: layers of several counts keep the model's, as stock does.)
+        layers = get_layers_from_vllm_config(vllm_config, Attention, layer_names)
+        heads = {layer.impl.num_heads for layer in layers.values()}
+        if len(heads) == 1:
+            self.num_heads_q = heads.pop()
         # This builder only: the builders vLLM derives from it keep the stock decode.
         own = type(self) is RocmAsmDecodeMetadataBuilder
         #: None: the asm decode is off for this builder, for good.

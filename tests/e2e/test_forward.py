@@ -91,6 +91,19 @@ def test_cut_on_query_heads(tmp_path, kernels, monkeypatch, num_seqs, asm):
     assert (len(harness.asm_calls()), kernels.hip_decode) == ((1, 0) if asm else (0, 1))
 
 
+@harness.plugin_only
+def test_layers_of_several_head_counts_keep_the_models_count_without_an_assert(tmp_path):
+    """The cut counts a builder's layers' heads where they share one count; layers of
+    several (which vLLM's get_num_attention_heads_from_layers would assert against, and
+    stock ROCM_ATTN accepts) keep the model's count, as stock does."""
+    model = harness.build_model(tmp_path, num_layers=2)
+    model.layers[model.names[1]].impl.num_heads = 80
+    builder = type(model.builder)(model.spec, model.names, model.vllm_config, model.builder.device)
+    assert builder.num_heads_q == model.vllm_config.model_config.get_num_attention_heads(
+        model.vllm_config.parallel_config
+    )
+
+
 @pytest.mark.parametrize("num_seqs", [1, 8, 12], ids=["1-seq", "8-seqs", "12-seqs-480"])
 def test_below_the_default_cut_stays_on_hip(tmp_path, kernels, num_seqs):
     model = harness.build_model(tmp_path, num_layers=1)
