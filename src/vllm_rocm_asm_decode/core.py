@@ -30,8 +30,8 @@ ASM_BLOCK_SIZE = 16
 ASM_HEAD_SIZE = 128
 ASM_MAX_GQA = 8
 ASM_PRECISION = 2  # the ultra-precision kernel
-ASM_HEADS_PER_CU = 2  # AITER's paged_attention_common: asm above 2 query heads a CU
-ASM_MAX_MODEL_LEN = 128 * 1024  # stock's HIP bound (graphs capture at max_model_len)
+ASM_HEADS_PER_CU = 2  # AITER's cut for its lower precisions (paged_attention_common)
+ASM_MAX_MODEL_LEN = 128 * 1024  # past it stock decodes with Triton, not HIP
 
 
 def asm_decode_rejections(

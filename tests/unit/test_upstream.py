@@ -138,7 +138,7 @@ def test_stage_1_is_about_a_hundred_lines_inside_rocm_attn_py(tree):
     assert text.count("logger.info") == 2 and text.count("logger.debug_once") == 1
     assert text.count("logger.debug(") == 1
     # Its test file: the review's aim was ~200 lines (docs/upstream.md says what is in it).
-    assert len(files[upstream.KERNEL_TEST].splitlines()) <= 300
+    assert len(files[upstream.KERNEL_TEST].splitlines()) <= 280
 
 
 def test_a_file_where_a_directory_goes_stops_check_and_apply_alike(tree, capsys):
@@ -335,13 +335,12 @@ def test_the_written_rule_is_the_runtime_modules_code(applied, module):
         pytest.skip("stage 2 writes mixed.py")
     from vllm_rocm_asm_decode.tools.upstream.stages import (
         PLUGIN_ONLY,
-        privatized,
+        as_written,
         runtime_block,
-        without_plugin_only,
     )
 
     raw, _ = runtime_block(module)
-    block = privatized(without_plugin_only(raw))
+    block = as_written(raw)
     if module == "core":
         assert all(f"def {name}(" in raw and f"def {name}(" not in block for name in PLUGIN_ONLY)
         assert "_ASM_BLOCK_SIZE = 16" in block and "\nASM_" not in block
@@ -351,7 +350,7 @@ def test_the_written_rule_is_the_runtime_modules_code(applied, module):
     found = _statements(written)
     start = found.index(expected[0])
     assert found[start : start + len(expected)] == expected
-    runtime = privatized(without_plugin_only((RUNTIME / f"{module}.py").read_text()))
+    runtime = as_written((RUNTIME / f"{module}.py").read_text())
     assert (
         _statements(block)
         == [
@@ -679,7 +678,7 @@ def test_the_pull_request_texts_are_short_shipped_and_in_the_docs(stage):
         )
         facts += (f"AITER {at_least} 0.1.17", "issue 3062", f"1{dash}16 unchanged")
         facts += ("0.9239 \u2192 0.9213", "default precision", "128K", "cudagraph_mode=FULL")
-        facts += ("output_scale", "two at least", "gqa8", "9 passed, 14 skipped")
+        facts += ("output_scale", "two at least", "gqa8", "9 passed, 13 skipped")
         facts += ("Not a duplicate", "AI-assisted", "max_page_id")
         flat = " ".join(text.split())  # as a reader reads it, whatever the wrapping
         for fact in facts:

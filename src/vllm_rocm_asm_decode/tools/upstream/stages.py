@@ -142,9 +142,15 @@ def without_plugin_only(block: str) -> str:
     return "\n".join(lines).strip("\n").replace("\n\n\n\n\n", "\n\n\n")
 
 
+def as_written(text: str) -> str:
+    """A runtime module's text as ``rocm_attn.py`` holds it: the plugin's own code left
+    out, its names private, ``ModelConfig`` unquoted (rocm_attn.py imports it)."""
+    return privatized(without_plugin_only(text)).replace('"ModelConfig"', "ModelConfig")
+
+
 def add_runtime_block(src: Source, module: str, after: Callable[[], ast.stmt]) -> None:
     block, imports = runtime_block(module)
-    block = privatized(without_plugin_only(block))
+    block = as_written(block)
     for name, item, alias in imports:
         src.ensure_import(name, item, alias)
     first_def = next(line for line in block.split("\n") if line.startswith(("def ", "class ")))
@@ -180,7 +186,7 @@ _BUILDER_INIT = """\
 
 _STAGE_1_CAP = """\
         keys = {key for both in self._asm_filled.values() for key in enumerate(both)}
-        if self._asm_filled and (old or len(keys) > 4):  # > 4: past the KV cache sizing
+        if self._asm_filled and (old or len(keys) > 4):  # > 4: unbudgeted memory
             why = f"AITER {version}, need 0.1.17" if old else f"{len(keys)} tables > 4"
             logger.info_once("ROCM_ATTN: no AITER pa_fwd_asm decode (%s)", why)
             self._asm_filled = {}
@@ -565,7 +571,7 @@ def stage2_paged_decode(src: Source) -> None:
 _STAGE_3_BIND = (
     _STAGE_1_BIND.replace(_STAGE_1_TABLES_DECL, "")
     .replace(_STAGE_1_CAP, _STAGE_1_CAP.split("\n", 1)[1])  # no cap: no keys
-    .replace("(old or len(keys) > 4):  # > 4: past the KV cache sizing", "old:")
+    .replace("(old or len(keys) > 4):  # > 4: unbudgeted memory", "old:")
     .replace(' if old else f"{len(keys)} tables > 4"', "")
     .replace(
         _STAGE_1_TABLES,

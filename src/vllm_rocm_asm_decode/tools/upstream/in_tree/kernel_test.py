@@ -1,6 +1,4 @@
-"""ROCM_ATTN's asm decode: AITER's pa_fwd_asm (high_precision=2) on its fp8 KV cache.
-The rule, the step decision and the output quant's fallback are tested anywhere; the
-kernel tests need AITER >= 0.1.17 on gfx942/gfx950."""
+"""ROCM_ATTN's decode on AITER's pa_fwd_asm (high_precision=2) over its fp8 KV cache."""
 
 import json
 from dataclasses import replace
@@ -44,12 +42,12 @@ requires_asm = pytest.mark.skipif(
 
 
 @pytest.fixture(autouse=True)
-def _aiter_on(monkeypatch):  # the asm decode is ROCM_ATTN's with AITER's MHA on
+def _aiter_on(monkeypatch):
     monkeypatch.setattr(rocm_aiter_ops, "_AITER_ENABLED", True)
     monkeypatch.setattr(rocm_aiter_ops, "_MHA_ENABLED", True)
 
 
-def llama(path, heads=40, kvh=8, **kw):  # a one-layer Llama checkpoint's ModelConfig
+def llama(path, heads=40, kvh=8, **kw):
     sizes = dict(num_attention_heads=heads, num_key_value_heads=kvh, head_dim=HEAD)
     sizes |= dict(hidden_size=heads * HEAD, num_hidden_layers=1, model_type="llama")
     sizes |= dict(architectures=["LlamaForCausalLM"], max_position_embeddings=2**20)
@@ -57,14 +55,13 @@ def llama(path, heads=40, kvh=8, **kw):  # a one-layer Llama checkpoint's ModelC
     return cfg.ModelConfig(str(path), skip_tokenizer_init=True, **kw)
 
 
-def kv_scales(*layers):  # each layer's (K, V) scales, as a checkpoint's weights
+def kv_scales(*layers):  # [(k, v), ...] as a checkpoint's weights
     names = [f"layers.{i}.{kv}_scale" for i in range(len(layers)) for kv in "kv"]
     return list(zip(names, map(torch.tensor, sum(layers, ())), strict=True))
 
 
 class Model(torch.nn.Module):
-    """ROCM_ATTN layers of an fp8 checkpoint (K/V scales loaded and reloaded by vLLM's
-    loader), bound to one random fp8 KV cache as vLLM binds them; their builder."""
+    """ROCM_ATTN layers of an fp8 checkpoint, one random fp8 KV cache, a builder."""
 
     def __init__(self, path, heads, kvh, blocks, dev, dtype, scales=((0.5, 2.0),)):
         super().__init__()
@@ -92,7 +89,7 @@ class Model(torch.nn.Module):
         builder = self.attn.attn_backend.get_builder_cls()
         self.builder = builder(spec, names, self.config, torch.device(dev))
 
-    def load_weights(self, weights):  # what vLLM's reload calls
+    def load_weights(self, weights):
         for name, tensor in weights:
             self.get_parameter(name).weight_loader(self.get_parameter(name), tensor)
         return {name for name, _ in weights}
@@ -103,12 +100,11 @@ class Model(torch.nn.Module):
         self.attn.impl.forward(self.attn, query, kv, kv, cache, meta, out, **kw)
         return out
 
-    def hip(self, query, meta):  # the HIP decode's rows with a context
+    def hip(self, query, meta):
         return self.run(query, replace(meta, use_asm_decode=False))[:-PAD].float()
 
 
 def common(seq_lens, pages, query_lens=None, device="cpu"):
-    """A step's CommonAttentionMetadata, as vLLM's runner makes it."""
     query_lens = query_lens or [1] * len(seq_lens)
     start = torch.tensor([0, *query_lens]).cumsum(0).to(torch.int32)
     lens, width = torch.tensor(seq_lens, dtype=torch.int32), max(map(len, pages))
@@ -129,8 +125,7 @@ def common(seq_lens, pages, query_lens=None, device="cpu"):
 
 
 def decode(path, heads=40, kvh=8, dev=None, dtype=torch.bfloat16, **kw):
-    """A model and a decode step just above the cut on distinct random pages, then
-    PAD rows of FULL-graph padding (length 0, on the null block)."""
+    """A decode step just above the cut, then PAD rows of FULL-graph padding."""
     dev = dev or DEVICE
     n = 2 * current_platform.num_compute_units() // heads + 1
     seq_lens = [CONTEXTS[i % len(CONTEXTS)] for i in range(n)] + [0] * PAD
@@ -148,9 +143,8 @@ GQA |= {"fp16-5": (5, torch.float16)}
 @requires_asm
 @pytest.mark.parametrize(("gqa", "dtype"), GQA.values(), ids=GQA)
 def test_every_admitted_gqa_ratio(tmp_path, gqa, dtype):
-    """The ultra-precision kernel within its bound of HIP at K/V scales 0.5/2 (a swapped
-    or lost scale is off 4x), writing every row with a context; padding rows finite
-    (a NaN there reaches real tokens through a dynamic per-tensor output quant)."""
+    """K/V scales 0.5/2: a swapped or lost one is off 4x. A NaN in a padding row would
+    reach real tokens through a dynamic per-tensor output quant."""
     import aiter
 
     model, step, query = decode(tmp_path, 8 * gqa, 8, dtype=dtype)
@@ -183,8 +177,7 @@ def test_pages_over_4_gib_apart_read_as_adjacent_ones(tmp_path):
 
 @requires_asm
 def test_a_captured_graph_replays_asm_and_follows_a_weight_reload(tmp_path):
-    """Captured through build_for_cudagraph_capture as vLLM's runner captures, replayed
-    after vLLM's weight reloads (K and V equal, then apart: each its own table)."""
+    """K and V equal (one table), then apart."""
     model, step, query = decode(tmp_path, scales=[(1.0, 1.0)])
     metadata = model.builder.build_for_cudagraph_capture(step)
     metadata.seq_lens.copy_(step.seq_lens_cpu_upper_bound)  # as vLLM's runner does
@@ -204,8 +197,6 @@ def test_a_captured_graph_replays_asm_and_follows_a_weight_reload(tmp_path):
 @requires_asm
 @pytest.mark.parametrize("mode", ["FULL", "PIECEWISE"])
 def test_a_reload_that_parts_the_layers_of_a_table(tmp_path, mode):
-    """Under FULL graphs, which may replay the shared table, build() stops; otherwise
-    the moved layer keeps HIP (a warning)."""
     model, step, _ = decode(tmp_path, scales=[(1.0, 1.0)] * 2)
     model.config.compilation_config.cudagraph_mode = CUDAGraphMode[mode]
     (k0, v0), (k1, v1) = model.builder.build(0, step).asm_scales.values()
@@ -218,15 +209,7 @@ def test_a_reload_that_parts_the_layers_of_a_table(tmp_path, mode):
         assert list(model.builder.build(0, step).asm_scales) == [model.attn]
 
 
-@requires_asm
-def test_an_aiter_before_0_1_17_keeps_hip(tmp_path):
-    model, step, _ = decode(tmp_path)
-    with mock.patch("aiter._version.__version__", "0.1.17rc1"):
-        assert model.builder.build(0, step).asm_scales == {}
-
-
 def test_a_fused_output_quant_keeps_hip(tmp_path, monkeypatch):
-    """On a step the builder gave asm, as a layer with output_scale would see it."""
     model = Model(tmp_path, 40, 8, 2, "cpu", torch.half)
     monkeypatch.setattr(rocm_aiter_ops, "_MHA_ENABLED", False)  # HIP's metadata
     metadata = replace(model.builder.build(0, common([1], [[1]])), use_asm_decode=True)
@@ -240,7 +223,6 @@ def test_a_fused_output_quant_keeps_hip(tmp_path, monkeypatch):
 
 
 def rule(path, head=HEAD, block=BLOCK, lbhnc=False, mi3xx=True, model=None, **kw):
-    """The rule's reasons for vLLM's impl, a bound KV cache (meta) and ModelConfig."""
     kw = dict(num_heads=40, num_kv_heads=8, scale=HEAD**-0.5, kv_cache_dtype="fp8") | kw
     kw = dict(alibi_slopes=None, sliding_window=None) | kw
     impl = rocm_attn.RocmAttentionImpl(head_size=head, **kw)
@@ -248,9 +230,7 @@ def rule(path, head=HEAD, block=BLOCK, lbhnc=False, mi3xx=True, model=None, **kw
     pages = torch.empty(shape, dtype=torch.uint8, device="meta")
     kv_cache = pages.view(4, 2, block, -1) if lbhnc else pages.transpose(0, 1)
     model = llama(path, **dict(max_model_len=4096) | (model or {}))
-    return [
-        r.split(" > ")[0] for r in asm_decode_rejections(impl, kv_cache, model, mi3xx)
-    ]
+    return "; ".join(asm_decode_rejections(impl, kv_cache, model, mi3xx))
 
 
 EDGE = dict(num_heads=64, kv_cache_dtype="fp8_e4m3")  # GQA 8, fp16, 128K
@@ -262,7 +242,8 @@ WRONG |= dict(model=dict(dtype=torch.float32, max_model_len=2**17 + 1))
 REASONS = (  # one for each clause, in the rule's order
     "a GPU other than gfx942/gfx950; fp8_e5m2 KV cache; block size 32; head size 256; "
     "torch.float32 query; GQA 9; softmax scale 0.1 != 1/sqrt(128); sliding window; "
-    "ALiBi; logits soft cap; attention sinks; KV pages not dense; max_model_len 131073"
+    "ALiBi; logits soft cap; attention sinks; KV pages not dense; "
+    "max_model_len 131073 > 128K"
 )
 RULE = {
     "bf16": ({}, ""),
@@ -274,7 +255,7 @@ RULE = {
 
 @pytest.mark.parametrize(("case", "reasons"), RULE.values(), ids=RULE)
 def test_the_rule(tmp_path, case, reasons):
-    assert "; ".join(rule(tmp_path, **case)) == reasons
+    assert rule(tmp_path, **case) == reasons
 
 
 STEPS = {  # 40 query heads a request, a cut of 480 query heads
