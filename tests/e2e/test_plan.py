@@ -304,7 +304,7 @@ def write_checkpoint(path, scales, *, quantized=True, layers=6):
 def test_calibrated_per_layer_scales_cost_two_tables_per_layer(tmp_path):
     scales = [(0.5 + i / 64, 0.25 + i / 64) for i in range(6)]  # all 12 values distinct
     model = write_checkpoint(tmp_path, scales)
-    plan = make_plan(model=model, gpu="mi355x", num_gpu_blocks=1000)
+    plan = make_plan(model=model, gpu="mi355x", num_gpu_blocks=1000, max_model_len=4096)
     assert plan.kv_scales == "checkpoint" and plan.scale_tables == 12
     # Per block: 12 tables x 8 KV heads x 16 slots x 4 bytes, over 6 layers x K+V x 8 KV
     # heads x 128 dims x 16 slots x 1 byte: 4/128 of the KV cache.
@@ -336,12 +336,26 @@ def test_plan_text_names_tables_scales_and_the_aiter_clause(tmp_path, capsys, mo
     monkeypatch.delenv("VLLM_ROCM_ASM_DECODE_TRUST_AITER", raising=False)
     model = write_checkpoint(tmp_path, [(0.5 + i / 64, 0.25 + i / 64) for i in range(6)])
     args = ["plan", "--model", model, "--aiter-version", "0.1.22", "--num-gpu-blocks", "1000"]
+    args += ["--max-model-len", "4096"]
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "aiter      AITER 0.1.22: reads every KV block right (fixed in 0.1.17)" in out
     assert "12 scale table(s): aliased, about 24 MiB of device memory" in out
     assert "3.125 % of the KV cache, 5.9 MiB at 1000 blocks" in out
     assert "; KV scales: checkpoint" in out
+
+
+def test_a_kv_cache_vllm_would_not_start_with_is_refused(capsys):
+    """vLLM holds the null block back and refuses to start unless the other blocks hold
+    one request at max_model_len (its admission check in kv_cache_planning)."""
+    assert main(["plan", "--max-model-len", "4096", "--num-gpu-blocks", "257", "--json"]) == 0
+    capsys.readouterr()
+    assert main(["plan", "--max-model-len", "4096", "--num-gpu-blocks", "256"]) == 2
+    err = capsys.readouterr().err
+    assert (
+        err.count("\n") == 1
+        and "--num-gpu-blocks 256: one request at max_model_len 4096 needs 257 blocks" in err
+    )
 
 
 @pytest.mark.parametrize(

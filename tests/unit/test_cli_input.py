@@ -93,6 +93,18 @@ CASES = {
         ["bench", "kernel", "--seqs", "1,,2"],
         "'1,,2' is not a comma-separated list of integers",
     ),
+    # A list whose items each name a run, a row or a file refuses a repeated item.
+    "concurrency-twice": (
+        ["bench", "serve", "--model", "m", "--concurrency", "1,64,64", "--num-prompts", "2,4,4"],
+        "argument --concurrency: '1,64,64': 64 is given twice",
+    ),
+    "seqs-twice": (["bench", "kernel", "--seqs", "16,16"], "'16,16': 16 is given twice"),
+    "seeds-twice": (["check", "accuracy", "--seeds", "0,0"], "'0,0': 0 is given twice"),
+    "heads-twice": (["check", "accuracy", "--heads", "32/4,32/4"], "32/4 is given twice"),
+    "lengths-twice": (
+        ["check", "passkey", "--model", "m", "--lengths", "3000,3000"],
+        "'3000,3000': 3000 is given twice",
+    ),
     "serve-arg-model": (
         ["bench", "serve", "--model", "m", "--vllm", STAND_IN_VLLM, "--serve-arg", "--model=foo"],
         "--serve-arg --model=foo: bench serve sets --model itself; use bench serve's --model",
@@ -454,6 +466,23 @@ def test_config_json_errors_come_before_vllm_loads(tmp_path):
     assert lines.get("LOADED") == "False False", out.stderr[-2000:]
     seconds = json.loads(lines["SECONDS"])
     assert set(seconds) == set(CONFIG_CASES) and max(seconds.values()) < 1.0, seconds
+
+
+def test_a_plain_decoders_cache_past_every_gpu_is_refused_before_vllm_loads():
+    """The preset (a Qwen3: K and V pages in every layer) with --num-gpu-blocks past the
+    largest GPU: refused from config.json alone, in a fresh interpreter."""
+    code = (
+        "import sys\n"
+        "from vllm_rocm_asm_decode.tools.cli import main\n"
+        "assert main(['plan', '--num-gpu-blocks', '99999999']) == 2\n"
+        "print('LOADED', 'torch' in sys.modules, 'vllm' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert "LOADED False False" in out.stdout, out.stderr[-2000:]
+    assert out.stderr.strip().splitlines() == [
+        "vllm-rocm-asm-decode plan: error: --num-gpu-blocks 99999999: that KV cache takes "
+        "122070 GiB per rank, more than any GPU's (at most the MI355X's 288 GiB)"
+    ]
 
 
 def test_help_and_usage_errors_import_neither_torch_nor_vllm():
@@ -891,6 +920,26 @@ def test_passkey_holds_only_the_prompts_in_flight():
     tally = passkey.score(prompts(), answer, in_flight=4)
     assert tally == {100: [500, 500], 200: [0, 500]}
     assert most[0] <= 4 + 1  # in flight, and the one being made
+
+
+def test_a_server_that_fails_after_answering_shows_the_results_so_far_and_exits_1(capsys):
+    """Two replies (one passes, whatever the prompt: it answers every passkey it could
+    be), then HTTP 500: the table of what was judged, the error line, exit 1 (not the
+    input error's 2)."""
+    everything = " ".join(str(n) for n in range(10000, 100000))
+    good = _http(json.dumps({"choices": [{"text": everything}]}).encode())
+
+    def answer(conn, server):
+        ok = len(server.requests) <= 2
+        conn.sendall(good if ok else _http(b"engine dead", "500 Internal Server Error"))
+
+    with _PasskeyServer(answer) as server:
+        code = _passkey(server.url, "--prompts", "4", "--in-flight", "1")
+    out, err = capsys.readouterr()
+    assert code == 1 and "| 100 | 2/2 |" in out.splitlines()
+    assert err.strip().splitlines() == [
+        f"vllm-rocm-asm-decode check passkey: error: {server.url}: HTTP 500: engine dead"
+    ]
 
 
 def test_passkey_stops_sending_at_the_first_error():

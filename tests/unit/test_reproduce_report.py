@@ -284,8 +284,8 @@ def test_a_rerun_with_other_options_into_the_same_out_is_refused(capsys, tmp_pat
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1
     assert err.strip().endswith(
-        f"--out {out} holds a reproduction of --model m --tp 1 --quick; rerun with those "
-        "options to resume it, or give another --out"
+        f"--out {out} holds a reproduction of --model m --tp 1 --quick (this run: without "
+        "--quick); rerun with those options to resume it, or give another --out"
     )
 
 

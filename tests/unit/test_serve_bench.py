@@ -272,6 +272,31 @@ def test_parse_result_rejects_other_files(tmp_path):
         sb.parse_result(path, "asm-decode", 0)
 
 
+@pytest.mark.parametrize(
+    ("overrides", "why"),
+    [
+        ({"output_throughput": float("nan")}, "output_throughput nan"),
+        ({"p99_itl_ms": float("inf")}, "p99_itl_ms inf"),
+        ({"median_tpot_ms": None}, "must be a string or a real number"),
+    ],
+    ids=["nan-throughput", "inf-itl", "null-tpot"],
+)
+def test_a_result_without_finite_figures_is_refused_in_one_line(tmp_path, overrides, why):
+    path = result_file(tmp_path, **overrides)
+    with pytest.raises(sb.ServeError) as refused:
+        sb.parse_result(path, "asm-decode", 0)
+    message = str(refused.value)
+    assert "not a vllm bench serve result" in message and why in message
+    assert "\n" not in message and "Error(" not in message
+
+
+def test_a_result_missing_a_figure_names_it(tmp_path):
+    path = tmp_path / "x.json"
+    path.write_text(json.dumps({"max_concurrency": 1, "num_prompts": 1}))
+    with pytest.raises(sb.ServeError, match="not a vllm bench serve result: no 'output_thr"):
+        sb.parse_result(path, "asm-decode", 0)
+
+
 def run(arm, c, tok, itl, repeat=0):
     return sb.RunResult(arm, repeat, c, 256, tok, 6.0, itl, 256, 0, f"{arm}-{repeat}-{c}")
 

@@ -11,9 +11,12 @@ import os
 import re
 import shutil
 import stat
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T", bound=Hashable)
 
 PRESETS_DIR = Path(__file__).resolve().parent / "presets"
 DEFAULT_PRESET = "qwen3-14b-fp8"
@@ -396,18 +399,32 @@ def int_list(text: str, minimum: int = 1, maximum: int | None = None) -> list[in
     return values
 
 
+def _distinct(text: str, values: list[T]) -> list[T]:
+    """``values`` when none repeats: each names a run, a row or a file of its own, so a
+    repeat would run twice into one name (or merge its rows)."""
+    seen: set[T] = set()
+    for value in values:
+        if value in seen:
+            shown = "/".join(map(str, value)) if isinstance(value, tuple) else value
+            raise argparse.ArgumentTypeError(f"{text!r}: {shown} is given twice")
+        seen.add(value)
+    return values
+
+
 def positive_ints(text: str) -> list[int]:
     return int_list(text)
 
 
+def distinct_positive_ints(text: str) -> list[int]:
+    return _distinct(text, int_list(text))
+
+
 def seeds(text: str) -> list[int]:
-    """Distinct seeds, in the order given."""
-    return list(dict.fromkeys(int_list(text, minimum=0, maximum=2**32 - 1)))
+    return _distinct(text, int_list(text, minimum=0, maximum=2**32 - 1))
 
 
 def contexts(text: str) -> list[int]:
-    """Distinct token counts, in the order given (a repeat would only merge its row)."""
-    return list(dict.fromkeys(int_list(text, maximum=MAX_CONTEXT)))
+    return _distinct(text, int_list(text, maximum=MAX_CONTEXT))
 
 
 def nonempty(text: str) -> str:
@@ -490,7 +507,7 @@ def layouts(text: str) -> list[tuple[int, int]]:
         raise argparse.ArgumentTypeError(
             f"{', '.join(too_wide)}: GQA above {MAX_GQA} has no ultra-precision asm kernel"
         )
-    return [(p[0], p[1]) for p in pairs]
+    return _distinct(text, [(p[0], p[1]) for p in pairs])
 
 
 # --------------------------------------------------------------------------------------

@@ -290,7 +290,7 @@ def _add_bench_serve(bench) -> None:
     )
     p.add_argument(
         "--concurrency",
-        type=choices.positive_ints,
+        type=choices.distinct_positive_ints,
         default=list(sb.DEFAULT_CONCURRENCIES),
         metavar="C,C,...",
         help="--max-concurrency values (default 1,8,16,64,128)",
@@ -413,7 +413,7 @@ def _add_bench_kernel(bench) -> None:
     )
     p.add_argument(
         "--seqs",
-        type=choices.positive_ints,
+        type=choices.distinct_positive_ints,
         default=None,
         metavar="N,...",
         help="batch sizes (default 16,64,256; 24,64,256 for 32/8)",
@@ -563,12 +563,20 @@ def _plan(args: argparse.Namespace) -> int:
     try:
         check_all()  # the plugin's settings, as vLLM would apply them
         # What the arguments and config.json decide, before vLLM is imported.
-        from .plan_input import check_config, check_model_path
+        from .plan_input import check_cache_size, check_config, check_model_path
 
         check_model_path(args.model)
         model_dir, label = choices.resolve_model_dir(args.model)
         choices.check_model_config(model_dir, args.tensor_parallel_size)
         check_config(model_dir, args.dtype)
+        check_cache_size(
+            model_dir,
+            args.gpu,
+            args.tensor_parallel_size,
+            args.kv_cache_dtype,
+            args.block_size,
+            args.num_gpu_blocks,
+        )
         with _said_after(NOTE_AFTER, f"{PROG} plan: loading vLLM to read {label} ..."):
             from .plan import make_plan, render
 

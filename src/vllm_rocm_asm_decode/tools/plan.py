@@ -592,6 +592,18 @@ def make_plan(
                 f"{kv_bytes / 1024**3:.0f} GiB per rank, more than the {the_gpu.name}'s "
                 f"{the_gpu.memory_gib} GiB"
             )
+    full_attention = any(layer.impl.sliding_window == (-1, -1) for layer in layers)
+    if num_gpu_blocks is not None and full_attention:
+        # vLLM holds one block back (the null block) and will not start unless the rest
+        # hold one request at max_model_len (kv_cache_planning's admission check).
+        needed = -(-model_config.max_model_len // block_size) + 1
+        if num_gpu_blocks < needed:
+            raise PlanError(
+                f"--num-gpu-blocks {num_gpu_blocks}: one request at max_model_len "
+                f"{model_config.max_model_len} needs {needed} blocks of {block_size} tokens "
+                "(the null block included), and vLLM does not start with fewer; give at "
+                f"least {needed}, or a smaller --max-model-len"
+            )
     version = installed_version() if aiter_version == "installed" else aiter_version
     aiter = AiterBuild(version, trusted=settings.trust_aiter())
     scales, scales_source = checkpoint_scales(model_dir, label, model_config, len(layers))

@@ -11,7 +11,15 @@ import math
 import os
 from pathlib import Path
 
-from .choices import LAYER_COUNT_KEYS, MAX_LAYERS, InputError, attention_section
+from .choices import (
+    GPUS,
+    HEAD_COUNT_KEYS,
+    KV_HEAD_COUNT_KEYS,
+    LAYER_COUNT_KEYS,
+    MAX_LAYERS,
+    InputError,
+    attention_section,
+)
 
 #: The dtypes vLLM runs a model in; ``--dtype auto`` takes the checkpoint's when it is
 #: one of them (``float32`` is cast down), and otherwise falls back to the platform's.
@@ -101,3 +109,42 @@ def check_config(model_dir: Path, dtype: str = "auto") -> None:
                     f"a model in (bfloat16, float16, float32); give --dtype"
                 )
             return  # vLLM reads the first it finds
+
+
+#: Model types whose every counted layer has a full K and V page per block in vLLM's
+#: cache (no Mamba, linear-attention or latent-attention layers): for them the cache's
+#: size follows from config.json alone.
+PLAIN_DECODERS = ("llama", "mistral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "mixtral")
+
+
+def check_cache_size(
+    model_dir: Path,
+    gpu: str | None,
+    tensor_parallel_size: int,
+    kv_cache_dtype: str,
+    block_size: int,
+    num_gpu_blocks: int | None,
+) -> None:
+    """``--num-gpu-blocks`` of a plain decoder's cache larger than the GPU (any supported
+    GPU when ``--gpu`` is not given), judged before vLLM is imported; ``plan`` checks
+    every model again from vLLM's own reading of the config."""
+    section = attention_section(json.loads((model_dir / "config.json").read_text()))
+    if num_gpu_blocks is None or section.get("model_type") not in PLAIN_DECODERS:
+        return
+    heads, kv_heads, layers = (
+        next((section[k] for k in keys if section.get(k)), None)
+        for keys in (HEAD_COUNT_KEYS, KV_HEAD_COUNT_KEYS, LAYER_COUNT_KEYS)
+    )
+    head_dim = section.get("head_dim") or section.get("hidden_size", 0) // (heads or 1)
+    if not (heads and layers and isinstance(head_dim, int)):
+        return
+    per_rank = max(1, (kv_heads or heads) // tensor_parallel_size)
+    width = 1 if kv_cache_dtype.startswith("fp8") else 2
+    size = num_gpu_blocks * layers * 2 * block_size * per_rank * head_dim * width
+    the_gpu = GPUS[gpu] if gpu else max(GPUS.values(), key=lambda g: g.memory_gib or 0)
+    if size > (the_gpu.memory_gib or 0) * 1024**3:
+        where = f"the {the_gpu.name}'s" if gpu else f"any GPU's (at most the {the_gpu.name}'s"
+        raise InputError(
+            f"--num-gpu-blocks {num_gpu_blocks}: that KV cache takes {size / 1024**3:.0f} "
+            f"GiB per rank, more than {where} {the_gpu.memory_gib} GiB" + ("" if gpu else ")")
+        )

@@ -112,6 +112,20 @@ def _step_list(text: str) -> list[str]:
     return found
 
 
+def _differences(was: Settings, now: Settings) -> str:
+    """What this run's options say where the stored reproduction's differ."""
+    said = []
+    if now.model != was.model:
+        said.append(f"--model {now.model}")
+    if now.tp != was.tp:
+        said.append(f"--tp {now.tp}")
+    if now.quick != was.quick:
+        said.append("--quick" if now.quick else "without --quick")
+    if now.dataset != was.dataset:
+        said.append(f"--dataset {now.dataset}" if now.dataset else "without --dataset")
+    return ", ".join(said)
+
+
 def settings_of(args: argparse.Namespace) -> Settings:
     dataset = None if args.dataset is None else str(Path(args.dataset).resolve())
     return Settings(model=args.model, tp=args.tp, quick=args.quick, dataset=dataset)
@@ -169,10 +183,11 @@ def problem(args: argparse.Namespace, stored: dict | None) -> str | None:
     if why := choices.uncreatable_dir(args.out):
         return f"--out {args.out} {why}"
     if stored is not None and stored != settings.to_json():
-        was = Settings(**stored).describe()
+        was = Settings(**stored)
         return (
-            f"--out {args.out} holds a reproduction of {was}; rerun with those options to "
-            "resume it, or give another --out"
+            f"--out {args.out} holds a reproduction of {was.describe()} (this run: "
+            f"{_differences(was, settings)}); rerun with those options to resume it, or "
+            "give another --out"
         )
     path = Path(os.path.expanduser(args.model))  # ~nosuchuser stays as written
     if args.model.startswith((os.sep, ".", "~")) or os.path.exists(path):

@@ -5,8 +5,9 @@ as a stack of three pull requests.
 (a vLLM git checkout, or a copy of an installed vLLM's Python files):
 
 1. the asm decode inside ``vllm/v1/attention/backends/rocm_attn.py`` (the rule, the step
-   decision and the call, wired into the metadata, the builder and ``forward``),
-   ``rocm_aiter_ops.pa_fwd_asm(..., high_precision=1)``, and the kernel tests
+   decision and the call ``pa_fwd_asm(..., high_precision=2)``, wired into the metadata,
+   the builder and ``forward``), a ``high_precision`` argument for
+   ``rocm_aiter_ops.pa_fwd_asm`` (AITER's default, 1, unless given), and the kernel tests
    ``tests/kernels/attention/test_rocm_attn_aiter_asm_decode.py``;
 2. mixed prefill+decode steps: their decodes on the asm kernel, their prefills through a
    prefill-only option of ``chunked_prefill_paged_decode``;

@@ -9,6 +9,10 @@ send, the reply read whole); a redirect is an error that names its target; what 
 server or the URL says is quoted with its control characters escaped. Proxies are urllib's
 own (``http_proxy``, ``https_proxy``, ``no_proxy``): an error of a request sent through
 one names the proxy and the variable it came from.
+
+Exit status: 0 every prompt passed; 1 a prompt missed, or the server failed after it had
+answered (the table so far is printed, then the error); 2 an input error, or a server
+that answered no request (a wrong ``--base-url`` or ``--model``, a server not up).
 """
 
 from __future__ import annotations
@@ -482,15 +486,19 @@ def score(
             tally[length][1] += 1
 
     pending: set[Future[tuple[int, bool]]] = set()
-    for prompt in prompts:
-        tally.setdefault(prompt.length, [0, 0])
-        if len(pending) >= in_flight:
+    try:
+        for prompt in prompts:
+            tally.setdefault(prompt.length, [0, 0])
+            if len(pending) >= in_flight:
+                done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                count(done)
+            pending.add(_start(judge, prompt))
+        while pending:
             done, pending = wait(pending, return_when=FIRST_COMPLETED)
             count(done)
-        pending.add(_start(judge, prompt))
-    while pending:
-        done, pending = wait(pending, return_when=FIRST_COMPLETED)
-        count(done)
+    except ServerError as exc:
+        exc.tally = tally  # what was judged before it (the requests still out are not)
+        raise
     return tally
 
 
@@ -501,13 +509,21 @@ def main(args: argparse.Namespace) -> int:
             prompts, lambda p: ask(args.base_url, args.model, p, args.timeout), args.in_flight
         )
     except ServerError as exc:
+        answered = getattr(exc, "tally", {})
+        if any(sent for _, sent in answered.values()):  # it served, then failed
+            _table(args.lengths, answered)
         print(f"{PROG}: error: {printable(args.base_url)}: {exc}", file=sys.stderr)
-        return 2
+        return 1 if any(sent for _, sent in answered.values()) else 2
+    return 1 if _table(args.lengths, tally) else 0
+
+
+def _table(lengths: Iterable[int], tally: dict[int, list[int]]) -> int:
+    """Prints passed/judged per target length; returns the misses."""
     failures = 0
     print("| target tokens | passed |")
     print("|---|---|")
-    for n in args.lengths:
+    for n in lengths:
         ok, sent = tally.get(n, [0, 0])
         failures += sent - ok
         print(f"| {n} | {ok}/{sent} |")
-    return 1 if failures else 0
+    return failures

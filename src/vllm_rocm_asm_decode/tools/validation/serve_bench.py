@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import re
 import signal
@@ -456,8 +457,13 @@ def parse_result(path: Path, arm: str, repeat: int) -> RunResult:
             failed=int(data.get("failed") or 0),
             path=str(path),
         )
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ServeError(f"{path} is not a vllm bench serve result: {exc!r}") from exc
+    except KeyError as exc:
+        raise ServeError(f"{path} is not a vllm bench serve result: no {exc}") from None
+    except (TypeError, ValueError) as exc:
+        raise ServeError(f"{path} is not a vllm bench serve result: {exc}") from None
+    figures = {n: getattr(result, n) for n in ("output_throughput", "median_tpot_ms", "p99_itl_ms")}
+    if bad := [f"{name} {value}" for name, value in figures.items() if not math.isfinite(value)]:
+        raise ServeError(f"{path} is not a vllm bench serve result: {', '.join(bad)}")
     if result.failed:  # the throughput of a run that lost requests measures nothing
         raise ServeError(
             f"{result.failed} of {result.failed + result.completed} requests failed in the "
