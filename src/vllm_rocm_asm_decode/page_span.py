@@ -7,11 +7,14 @@ lowest page, "as long as max_page_id - min_page_id < 65536" (a 32-bit byte offse
 32 KiB pages, a distance below 2**31 bytes); its squashed history and regression test
 (``op_tests/test_pa_block_id_truncation.py``) 64-bit ``global_load`` addressing, which
 for the fp8 kernels they place "in the *_MTP variants" (the one-token decode kernel is
-not one). The test reads one page per sequence, so the span is never exercised there,
-and which addressing the shipped fp8 decode kernel has is not known from the source. In
-vLLM a long request's neighbouring pages can come from opposite ends of the pool once
-its free-block queue has wrapped: on a 183k-block MI355X cache, sooner or later every
-long request's.
+not one). The test reads one page per sequence, so the span is never exercised there.
+The shipped code objects answer it: from b847e4d8 on, the one-token uhp kernels (gfx942
+and gfx950, bf16 and fp16) load each K/V page at its own 64-bit address
+(``scripts/aiter-pa-addressing``), so they read far pages right. The guard stays for
+what no source shows: an AITER built otherwise (a wheel of other code objects). In vLLM
+a long request's neighbouring pages can come from opposite ends of the pool once its
+free-block queue has wrapped: on a 183k-block MI355X cache, sooner or later every long
+request's.
 
 So a layer whose cache can hold two pages :data:`SPAN_LIMIT` bytes apart keeps the
 HIP decode unless this GPU proved it reads such pages right. :func:`probe` proves it

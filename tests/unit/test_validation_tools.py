@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
 
 import pytest
 import torch
@@ -206,3 +210,42 @@ def test_bench_kernel_skew_writes_its_plot(tmp_path, monkeypatch, capsys):
     assert main(["bench", "kernel", "--skew", "--plot", str(png)]) == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "crossover: asm slower from one sequence of 8192 tokens on" in capsys.readouterr().out
+
+
+# --------------------------------------------------------------------------------------
+# scripts/aiter-pa-addressing: how AITER's shipped decode kernels address the KV pages
+
+ADDRESSING = Path(__file__).resolve().parents[2] / "scripts" / "aiter-pa-addressing"
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        ([], "usage: scripts/aiter-pa-addressing AITER_GIT [REV]"),
+        (["/nonexistent"], "scripts/aiter-pa-addressing: /nonexistent is not a git repository"),
+    ],
+    ids=["no-repository", "not-a-repository"],
+)
+def test_the_addressing_script_refuses_bad_input_in_one_line(argv, says):
+    proc = subprocess.run([str(ADDRESSING), *argv], capture_output=True, text=True)
+    assert (proc.returncode, proc.stdout, proc.stderr.strip().splitlines()) == (2, "", [says])
+
+
+#: A git repository of ROCm/aiter (a clone or a bare mirror), for the test below.
+AITER_GIT = os.environ.get("ASM_DECODE_TEST_AITER_GIT", "/work/.mirror/ROCm+aiter/repo")
+
+
+@pytest.mark.skipif(
+    shutil.which("llvm-objdump") is None or not Path(AITER_GIT).is_dir(),
+    reason="needs llvm-objdump (amdgcn) and ROCm/aiter's git history ($ASM_DECODE_TEST_AITER_GIT)",
+)
+def test_the_shipped_uhp_kernels_load_each_page_at_a_64_bit_address():
+    """AITER at b847e4d8 (its block-id fix): global loads on 64-bit products; the commit
+    before it: buffer loads on 24-bit products (what misread block ids >= 65536)."""
+    repo = AITER_GIT
+    fixed = subprocess.run([str(ADDRESSING), repo, "b847e4d8"], capture_output=True, text=True)
+    old = subprocess.run([str(ADDRESSING), repo, "b847e4d8~1"], capture_output=True, text=True)
+    rows = [line.split() for line in fixed.stdout.splitlines()[1:]]
+    assert len(rows) == 4 and all(r[2:6] == ["80", "0", "48", "0"] for r in rows), fixed.stdout
+    rows = [line.split() for line in old.stdout.splitlines()[1:]]
+    assert len(rows) == 4 and all(r[2:6] == ["0", "80", "0", "58"] for r in rows), old.stdout

@@ -29,8 +29,11 @@ The asm kernel's binary is not readable, so this model encodes what is known of 
   a 32-bit byte offset from the wave's lowest page, so a page whose offset reaches
   ``span_limit`` (2**31) is read at the offset wrapped to a signed 32-bit value. Which
   pages share a wave is not in any source: the model takes ``wave_pages`` consecutive
-  pages of a sequence. Whether the real kernels misread so is unknown (AITER's test reads
-  one page per sequence); the stand-in AITER misreads by default, never kinder.
+  pages of a sequence. AITER's shipped one-token uhp kernels do not misread so: their
+  code objects from b847e4d8 on (gfx942 and gfx950, bf16 and fp16) load each K/V page at
+  its own 64-bit address (``scripts/aiter-pa-addressing``); the rebase is a build this
+  models so that the plugin's bind-time probe is exercised, and the stand-in AITER
+  misreads by default, stricter than the shipped kernels, never kinder.
 * :func:`launch_shape` is AITER's launch (``csrc/py_itfs_cu/asm_pa.cu``: grid ``(kv
   heads, batch, 1)``, 256 threads), and :class:`KernelTimeModel` its time, fitted to the
   original change's kernel table (:func:`fit_time_model`).

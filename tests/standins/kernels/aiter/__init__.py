@@ -13,7 +13,9 @@ Its version (``aiter._version``) is ``$ASM_DECODE_TEST_AITER_VERSION``; set belo
 (``block_id & 0xFFFF``). From 0.1.17 on (and with no version set) it has the fixed
 kernels' span limit: pages of one wave whose byte distance reaches 2**31 are misread
 (the contract model's ``span_limit``), unless ``$ASM_DECODE_TEST_AITER_SPAN=right``.
-Whether AITER's kernels misread so is not known, so the stand-in does by default.
+AITER's shipped uhp kernels read such pages right (64-bit page addresses in their code
+objects, ``scripts/aiter-pa-addressing``); the stand-in misreads by default, stricter,
+so that the plugin's bind-time probe is exercised.
 """
 
 from __future__ import annotations
