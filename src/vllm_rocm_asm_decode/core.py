@@ -31,7 +31,7 @@ ASM_HEAD_SIZE = 128
 ASM_MAX_GQA = 8
 ASM_PRECISION = 2  # the ultra-precision kernel
 ASM_HEADS_PER_CU = 2  # AITER's cut for its lower precisions (paged_attention_common)
-ASM_MAX_MODEL_LEN = 128 * 1024  # past it stock decodes with Triton, not HIP
+ASM_MAX_MODEL_LEN = 40960  # validated length; asm splits no context
 
 
 def asm_decode_rejections(
@@ -59,7 +59,7 @@ def asm_decode_rejections(
         (not impl.logits_soft_cap, "logits soft cap"),
         (impl.sinks is None, "attention sinks"),
         (has_native_kv_cache_layout(key_cache, value_cache), "KV pages not dense"),
-        (max_len <= ASM_MAX_MODEL_LEN, f"max_model_len {max_len} > 128K"),
+        (max_len <= ASM_MAX_MODEL_LEN, f"max_model_len {max_len} > 40960"),
     )
     return [reason for ok, reason in clauses if not ok]
 

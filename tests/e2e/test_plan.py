@@ -44,11 +44,19 @@ def test_qwen3_14b_tp1_runs_asm_from_16_sequences():
 
 
 def test_llama_runs_asm_from_24_sequences_because_512_is_not_above_512():
-    plan = make_plan(model="llama-3.1-8b-instruct", gpu="mi355x")
+    plan = make_plan(model="llama-3.1-8b-instruct", gpu="mi355x", max_model_len=40960)
     assert min(asm_sizes(plan)) == 24
     assert {b["num_seqs"]: b["kernel"] for b in plan.batches}[16] == "hip"
-    assert plan.max_model_len == 131072 and plan.eligible
+    assert plan.max_model_len == 40960 and plan.eligible
     assert any("not validated" in n for n in plan.notes)
+
+
+def test_a_max_model_len_past_the_validated_40960_keeps_hip():
+    """Llama-3.1's own 131072: asm splits no context, and the original change served
+    40960."""
+    plan = make_plan(model="llama-3.1-8b-instruct", gpu="mi355x")
+    assert plan.max_model_len == 131072 and not plan.eligible
+    assert plan.reasons == ["max_model_len 131072 > 40960"]
 
 
 def test_tp2_halves_the_heads_and_moves_the_crossover():
@@ -166,7 +174,7 @@ def test_gemma_style_query_scaling_is_refused(tmp_path):
 )
 def test_plan_equals_the_backends_own_decision(tmp_path, model, heads, kvh):
     """One test drives both: the plan, and the real builder on a model of the same shape."""
-    plan = make_plan(model=model, gpu=SESSION_GPU)
+    plan = make_plan(model=model, gpu=SESSION_GPU, max_model_len=40960)
     backend = harness.build_model(
         tmp_path, num_layers=1, num_heads=heads, num_kv_heads=kvh, num_blocks=600
     )

@@ -131,7 +131,7 @@ layers = st.builds(
     decoder=st.booleans(),
     dense_pages=st.booleans(),
     num_blocks=st.sampled_from([4, 65536, 65537, 183104]),
-    max_model_len=st.sampled_from([40960, 131072, 131073, 1048576]),
+    max_model_len=st.sampled_from([4096, 40960, 40961, 131072]),
 )
 aiters = st.builds(AiterBuild, version=st.sampled_from(list(AITER_VERSIONS)), trusted=st.booleans())
 
@@ -151,8 +151,8 @@ def oracle_layer_ok(f: Layer, arch: str, aiter: AiterBuild) -> bool:
         and f.decoder
         and f.dense_pages
         and (f.num_blocks <= 65536 or aiter.trusted or AITER_VERSIONS[aiter.version])
-        # Past 128K tokens stock ROCM_ATTN decodes with Triton, not the HIP decode.
-        and f.max_model_len <= 128 * 1024
+        # The longest the original change served; past it asm's cost is untimed.
+        and f.max_model_len <= 40960
     )
 
 

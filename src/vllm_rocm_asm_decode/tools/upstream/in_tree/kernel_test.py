@@ -233,17 +233,17 @@ def rule(path, head=HEAD, block=BLOCK, lbhnc=False, mi3xx=True, model=None, **kw
     return "; ".join(asm_decode_rejections(impl, kv_cache, model, mi3xx))
 
 
-EDGE = dict(num_heads=64, kv_cache_dtype="fp8_e4m3")  # GQA 8, fp16, 128K
-EDGE |= dict(model=dict(dtype=torch.float16, max_model_len=2**17))
+EDGE = dict(num_heads=64, kv_cache_dtype="fp8_e4m3")  # GQA 8, fp16, 40960
+EDGE |= dict(model=dict(dtype=torch.float16, max_model_len=40960))
 WRONG = dict(mi3xx=False, kv_cache_dtype="fp8_e5m2", block=32, head=256, num_heads=72)
 WRONG |= dict(scale=0.1, sliding_window=64, alibi_slopes=[0.5] * 72, lbhnc=True)
 WRONG |= dict(logits_soft_cap=30.0, sinks=torch.zeros(72))
-WRONG |= dict(model=dict(dtype=torch.float32, max_model_len=2**17 + 1))
+WRONG |= dict(model=dict(dtype=torch.float32, max_model_len=40961))
 REASONS = (  # one for each clause, in the rule's order
     "a GPU other than gfx942/gfx950; fp8_e5m2 KV cache; block size 32; head size 256; "
     "torch.float32 query; GQA 9; softmax scale 0.1 != 1/sqrt(128); sliding window; "
     "ALiBi; logits soft cap; attention sinks; KV pages not dense; "
-    "max_model_len 131073 > 128K"
+    "max_model_len 40961 > 40960"
 )
 RULE = {
     "bf16": ({}, ""),
