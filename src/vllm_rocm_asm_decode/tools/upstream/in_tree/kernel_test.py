@@ -1,7 +1,9 @@
 """ROCM_ATTN's decode on AITER's pa_fwd_asm (high_precision=2) over its fp8 KV cache."""
 
 import json
+import sys
 from dataclasses import replace
+from types import SimpleNamespace
 from unittest import mock
 
 import pytest
@@ -45,6 +47,19 @@ requires_asm = pytest.mark.skipif(
 def _aiter_on(monkeypatch):
     monkeypatch.setattr(rocm_aiter_ops, "_AITER_ENABLED", True)
     monkeypatch.setattr(rocm_aiter_ops, "_MHA_ENABLED", True)
+
+
+@pytest.fixture
+def gfx942(monkeypatch):
+    """The builder's host logic on the CPU: gfx942, 304 CUs, AITER 0.1.17."""
+    rocm = sys.modules.get("vllm.platforms.rocm", SimpleNamespace())  # ROCm's only
+    monkeypatch.setitem(sys.modules, "vllm.platforms.rocm", rocm)
+    monkeypatch.setattr(rocm, "on_mi3xx", lambda: True, raising=False)
+    version = SimpleNamespace(__version__="0.1.17")
+    monkeypatch.setitem(sys.modules, "aiter._version", version)
+    monkeypatch.setattr(current_platform, "num_compute_units", lambda i=0: 304)
+    monkeypatch.setattr(rocm_aiter_ops, "is_mha_enabled", lambda: True)
+    return version
 
 
 def llama(path, heads=40, kvh=8, **kw):
@@ -177,7 +192,7 @@ def test_pages_over_4_gib_apart_read_as_adjacent_ones(tmp_path):
 
 @requires_asm
 def test_a_captured_graph_replays_asm_and_follows_a_weight_reload(tmp_path):
-    """K and V equal (one table), then apart."""
+    """K and V scales equal, then apart."""
     model, step, query = decode(tmp_path, scales=[(1.0, 1.0)])
     metadata = model.builder.build_for_cudagraph_capture(step)
     metadata.seq_lens.copy_(step.seq_lens_cpu_upper_bound)  # as vLLM's runner does
@@ -194,10 +209,9 @@ def test_a_captured_graph_replays_asm_and_follows_a_weight_reload(tmp_path):
         torch.testing.assert_close(out[:-PAD].float(), hip, atol=ASM_MAX * v, rtol=0)
 
 
-@requires_asm
 @pytest.mark.parametrize("mode", ["FULL", "PIECEWISE"])
-def test_a_reload_that_parts_the_layers_of_a_table(tmp_path, mode):
-    model, step, _ = decode(tmp_path, scales=[(1.0, 1.0)] * 2)
+def test_a_reload_that_parts_the_layers_of_a_table(tmp_path, gfx942, mode):
+    model, step, _ = decode(tmp_path, dev="cpu", scales=[(1.0, 1.0)] * 2)
     model.config.compilation_config.cudagraph_mode = CUDAGraphMode[mode]
     (k0, v0), (k1, v1) = model.builder.build(0, step).asm_scales.values()
     assert k0 is k1 and v0 is v1
@@ -207,6 +221,12 @@ def test_a_reload_that_parts_the_layers_of_a_table(tmp_path, mode):
             model.builder.build(0, step)
     else:
         assert list(model.builder.build(0, step).asm_scales) == [model.attn]
+
+
+def test_an_aiter_before_0_1_17_keeps_hip(tmp_path, gfx942):
+    model, step, _ = decode(tmp_path, dev="cpu")
+    gfx942.__version__ = "0.1.17rc1"  # older ones misread block ids >= 65536
+    assert model.builder.build(0, step).asm_scales == {}
 
 
 def test_a_fused_output_quant_keeps_hip(tmp_path, monkeypatch):
