@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from vllm_rocm_asm_decode.kernel_table import load_table
+from vllm_rocm_asm_decode.tools import contract_model
 from vllm_rocm_asm_decode.tools.contract_model import LauncherError, PagedAttentionAsmModel
 from vllm_rocm_asm_decode.tools.testbed import fp32_attention
 
@@ -277,3 +278,13 @@ def test_the_skew_clause_is_the_fitted_models():
     model = original_time_model()
     assert skew.ASM_SKEW_RATIO == round(model.skew_ratio)
     assert skew.ASM_SKEW_HEAD_TOKENS == round(model.skew_head_tokens, -2)
+
+
+def test_a_scale_past_the_kernels_buffer_records_reads_as_zero(monkeypatch):
+    """The uhp kernels read K_QScale/V_QScale through 2 GiB buffer records; here 64
+    bytes stand for them: the 17th float on reads as 0."""
+    monkeypatch.setattr(contract_model, "SCALE_RECORDS", 64)
+    table = torch.arange(1.0, 33.0).view(2, 1, 16)
+    read = contract_model._within_records(table)
+    assert read.flatten()[:16].tolist() == list(range(1, 17)) and not read.flatten()[16:].any()
+    assert table.flatten()[16] == 17  # the table itself is left as it is

@@ -54,12 +54,22 @@ from ..kernel_table import KernelTable, dtype_name
 
 #: Where a wave's 32-bit page offset wraps (the fixed kernels' span limit).
 SPAN_LIMIT = 2**31
+#: Bytes of the buffer records through which the uhp kernels read the scale tables
+#: (``s_mov_b32 s34, 0x80000000`` in their code objects): a float past them reads as 0.
+SCALE_RECORDS = 2**31
 #: Consecutive pages of a sequence the model takes as one wave's.
 WAVE_PAGES = 4
 
 
 class LauncherError(RuntimeError):
     """Where AITER's launcher would raise (``AITER_CHECK`` failure)."""
+
+
+def _within_records(table: torch.Tensor) -> torch.Tensor:
+    """A scale table as the kernel reads it: zeros past :data:`SCALE_RECORDS` bytes."""
+    flat = table.flatten().clone()
+    flat[SCALE_RECORDS // flat.element_size() :] = 0
+    return flat.view_as(table)
 
 
 def _dense(t: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
@@ -204,6 +214,7 @@ class PagedAttentionAsmModel:
         if fp8:
             ks = _dense(k_scale, (num_blocks, num_kv_heads, block_size))
             vs = _dense(v_scale, (num_blocks, num_kv_heads, block_size))
+            ks, vs = _within_records(ks), _within_records(vs)
         sm_scale = float(torch.tensor(1.0 / math.sqrt(head_size), dtype=torch.float32))
 
         for i, ctx in enumerate(context_lens.tolist()):
