@@ -59,7 +59,7 @@ def asm_decode_rejections(
         (not impl.logits_soft_cap, "logits soft cap"),
         (impl.sinks is None, "attention sinks"),
         (has_native_kv_cache_layout(key_cache, value_cache), "KV pages not dense"),
-        (kv_cache.shape[0] * impl.num_kv_heads < 2**25, "scale tables > 2 GiB"),
+        (kv_cache.shape[0] * impl.num_kv_heads < 2**25, "scale tables >= 2 GiB"),
         (max_len <= ASM_MAX_MODEL_LEN, f"max_model_len {max_len} > 40960"),
     )
     return [reason for ok, reason in clauses if not ok]

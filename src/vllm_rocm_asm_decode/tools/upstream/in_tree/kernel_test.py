@@ -96,7 +96,7 @@ class Model(torch.nn.Module):
         # fp8 codes of either sign up to 2.0 (no NaN code of e4m3fn or e4m3fnuz).
         shape = (2, blocks, BLOCK, kvh * HEAD)  # on the GPU (8.6 GB for 4 GiB apart)
         codes = torch.randint(1, 65, shape, dtype=torch.uint8, device=dev)
-        codes |= torch.randint_like(codes, 0, 2) << 7
+        codes |= torch.randint_like(codes, 0, 2).bitwise_left_shift_(7)
         for layer in self.to(dev).layers:
             layer.kv_cache = codes.transpose(0, 1)  # vLLM's [blocks, 2, ...] view
         self.attn, names = self.layers[0], [x.layer_name for x in self.layers]
@@ -268,7 +268,7 @@ REASONS = (  # one for each clause, in the rule's order
 RULE = {
     "bf16": ({}, ""),
     "fp16-e4m3-gqa8-40960": (EDGE, ""),
-    "scale-tables-2gib": (dict(n=2**22), "scale tables > 2 GiB"),  # AITER's records
+    "scale-tables-2gib": (dict(n=2**22), "scale tables >= 2 GiB"),  # AITER's records
     "every-clause": (WRONG, REASONS),
     "encoder": (dict(attn_type="encoder_only"), "not decoder self-attention"),
 }
