@@ -57,6 +57,7 @@ def test_a_max_model_len_past_the_validated_40960_keeps_hip():
     plan = make_plan(model="llama-3.1-8b-instruct", gpu="mi355x")
     assert plan.max_model_len == 131072 and not plan.eligible
     assert plan.reasons == ["max_model_len 131072 > 40960"]
+    assert any("with --max-model-len 40960 or less" in n for n in plan.notes)
 
 
 def test_tp2_halves_the_heads_and_moves_the_crossover():

@@ -25,7 +25,7 @@ from typing import Any
 
 from .. import settings
 from ..aiter_version import FIRST_FIXED, AiterBuild, describe, installed_version, safe_blocks
-from ..core import use_asm_decode
+from ..core import ASM_MAX_MODEL_LEN, use_asm_decode
 from ..eligibility import (
     VALIDATED_CONTEXT,
     default_cut,
@@ -669,6 +669,13 @@ def make_plan(
             f"graphs (up to {sizes[-1]} sequences) hold the HIP decode, and asm runs only on "
             f"eager pure-decode steps of more than {sizes[-1]} sequences; FULL_AND_PIECEWISE "
             "(vLLM's default) or FULL_DECODE_ONLY capture the decode graphs on asm"
+        )
+    if not any_eligible and all(
+        r.startswith("max_model_len ") for reasons in per_layer for r in reasons
+    ):
+        notes.append(
+            f"only max_model_len keeps HIP: with --max-model-len {ASM_MAX_MODEL_LEN} or less "
+            "(what the original change served) every layer is eligible"
         )
     if any_eligible and model_config.max_model_len > VALIDATED_CONTEXT:
         notes.append(
