@@ -159,6 +159,16 @@ def resolve_model_dir(model: str) -> tuple[Path, str]:
     raise InputError(f"unknown model preset {model!r}; presets: {', '.join(presets())}")
 
 
+def cache_too_large(num_gpu_blocks: int, size: int, gpu: Gpu, any_gpu: bool = False) -> str:
+    """The error for a ``--num-gpu-blocks`` cache of ``size`` bytes per rank past
+    ``gpu``'s memory (``any_gpu``: the largest of :data:`GPUS`, none was named)."""
+    where = f"any GPU's (at most the {gpu.name}'s" if any_gpu else f"the {gpu.name}'s"
+    return (
+        f"--num-gpu-blocks {num_gpu_blocks}: that KV cache takes {size / 1024**3:.0f} GiB "
+        f"per rank, more than {where} {gpu.memory_gib} GiB" + (")" if any_gpu else "")
+    )
+
+
 def _count(section: dict, keys: tuple[str, ...]) -> tuple[str, object] | None:
     for key in keys:
         if section.get(key) is not None:

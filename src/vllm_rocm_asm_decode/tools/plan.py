@@ -45,6 +45,7 @@ from .choices import (
     MAX_LAYERS,
     Gpu,
     InputError,
+    cache_too_large,
     first_line,
     resolve_model_dir,
 )
@@ -587,11 +588,7 @@ def make_plan(
     if num_gpu_blocks is not None and the_gpu.memory_gib is not None:
         kv_bytes = num_gpu_blocks * kv_cache_bytes_per_block(layers)
         if kv_bytes > the_gpu.memory_gib * 1024**3:
-            raise PlanError(
-                f"--num-gpu-blocks {num_gpu_blocks}: that KV cache takes "
-                f"{kv_bytes / 1024**3:.0f} GiB per rank, more than the {the_gpu.name}'s "
-                f"{the_gpu.memory_gib} GiB"
-            )
+            raise PlanError(cache_too_large(num_gpu_blocks, kv_bytes, the_gpu))
     full_attention = any(layer.impl.sliding_window == (-1, -1) for layer in layers)
     if num_gpu_blocks is not None and full_attention:
         # vLLM holds one block back (the null block) and will not start unless the rest

@@ -18,7 +18,9 @@ from .choices import (
     LAYER_COUNT_KEYS,
     MAX_LAYERS,
     InputError,
+    _count,
     attention_section,
+    cache_too_large,
 )
 
 #: The dtypes vLLM runs a model in; ``--dtype auto`` takes the checkpoint's when it is
@@ -131,10 +133,9 @@ def check_cache_size(
     section = attention_section(json.loads((model_dir / "config.json").read_text()))
     if num_gpu_blocks is None or section.get("model_type") not in PLAIN_DECODERS:
         return
-    heads, kv_heads, layers = (
-        next((section[k] for k in keys if section.get(k)), None)
-        for keys in (HEAD_COUNT_KEYS, KV_HEAD_COUNT_KEYS, LAYER_COUNT_KEYS)
-    )
+    # check_model_config has judged these counts (whole numbers of at least 1).
+    counts = [_count(section, k) for k in (HEAD_COUNT_KEYS, KV_HEAD_COUNT_KEYS, LAYER_COUNT_KEYS)]
+    heads, kv_heads, layers = (found[1] if found else None for found in counts)
     head_dim = section.get("head_dim") or section.get("hidden_size", 0) // (heads or 1)
     if not (heads and layers and isinstance(head_dim, int)):
         return
@@ -143,8 +144,4 @@ def check_cache_size(
     size = num_gpu_blocks * layers * 2 * block_size * per_rank * head_dim * width
     the_gpu = GPUS[gpu] if gpu else max(GPUS.values(), key=lambda g: g.memory_gib or 0)
     if size > (the_gpu.memory_gib or 0) * 1024**3:
-        where = f"the {the_gpu.name}'s" if gpu else f"any GPU's (at most the {the_gpu.name}'s"
-        raise InputError(
-            f"--num-gpu-blocks {num_gpu_blocks}: that KV cache takes {size / 1024**3:.0f} "
-            f"GiB per rank, more than {where} {the_gpu.memory_gib} GiB" + ("" if gpu else ")")
-        )
+        raise InputError(cache_too_large(num_gpu_blocks, size, the_gpu, any_gpu=not gpu))

@@ -510,10 +510,11 @@ def main(args: argparse.Namespace) -> int:
         )
     except ServerError as exc:
         answered = getattr(exc, "tally", {})
-        if any(sent for _, sent in answered.values()):  # it served, then failed
+        served = any(sent for _, sent in answered.values())  # then failed
+        if served:
             _table(args.lengths, answered)
         print(f"{PROG}: error: {printable(args.base_url)}: {exc}", file=sys.stderr)
-        return 1 if any(sent for _, sent in answered.values()) else 2
+        return 1 if served else 2
     return 1 if _table(args.lengths, tally) else 0
 
 
