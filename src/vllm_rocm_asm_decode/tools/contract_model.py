@@ -55,7 +55,8 @@ from ..kernel_table import KernelTable, dtype_name
 #: Where a wave's 32-bit page offset wraps (the fixed kernels' span limit).
 SPAN_LIMIT = 2**31
 #: Bytes of the buffer records through which the uhp kernels read the scale tables
-#: (``s_mov_b32 s34, 0x80000000`` in their code objects): a float past them reads as 0.
+#: (``s_mov_b32 s34, 0x80000000`` in their code objects, ROCm/aiter b847e4d8 and
+#: HEAD e4048607; ``scripts/aiter-pa-addressing``): a float past them reads as 0.
 SCALE_RECORDS = 2**31
 #: Consecutive pages of a sequence the model takes as one wave's.
 WAVE_PAGES = 4
