@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from vllm.config import ModelConfig
     from vllm.v1.attention.backends.rocm_attn import RocmAttentionImpl
 
-# AITER's pa_asm.csv has uhp kernels for gfx942/gfx950, fp8 e4m3, head 128, GQA <= 8.
+# pa_asm.csv: uhp kernels for gfx942/gfx950, fp8 e4m3, GQA <= 8; pa_fwd: head size 128
 ASM_KV_DTYPES = ("fp8", "fp8_e4m3")
 ASM_BLOCK_SIZE = 16
 ASM_HEAD_SIZE = 128

@@ -12,7 +12,6 @@ from packaging.version import InvalidVersion, Version
 
 from vllm import config as cfg
 from vllm._aiter_ops import rocm_aiter_ops
-from vllm.config import CUDAGraphMode
 from vllm.model_executor.layers.attention import Attention
 from vllm.model_executor.layers.quantization.fp8 import Fp8Config
 from vllm.model_executor.model_loader.reload import record_metadata_for_reloading
@@ -44,7 +43,8 @@ requires_asm = pytest.mark.skipif(
 
 
 @pytest.fixture(autouse=True)
-def _aiter_on(monkeypatch):
+def _aiter_on_seeded(monkeypatch):
+    torch.manual_seed(0)
     monkeypatch.setattr(rocm_aiter_ops, "_AITER_ENABLED", True)
     monkeypatch.setattr(rocm_aiter_ops, "_MHA_ENABLED", True)
 
@@ -93,10 +93,9 @@ class Model(torch.nn.Module):
         record_metadata_for_reloading(self)
         self.load_weights(kv_scales(*scales))
         process_weights_after_loading(self, model, torch.device(dev))
-        # fp8 codes of either sign up to 2.0 (no NaN code of e4m3fn or e4m3fnuz).
         shape = (2, blocks, BLOCK, kvh * HEAD)  # on the GPU (8.6 GB for 4 GiB apart)
-        codes = torch.randint(1, 65, shape, dtype=torch.uint8, device=dev)
-        codes |= torch.randint_like(codes, 0, 2).bitwise_left_shift_(7)
+        codes = torch.randint(1, 65, shape, dtype=torch.uint8, device=dev)  # <= 2.0
+        codes |= torch.randint_like(codes, 0, 2).bitwise_left_shift_(7)  # never NaN
         for layer in self.to(dev).layers:
             layer.kv_cache = codes.transpose(0, 1)  # vLLM's [blocks, 2, ...] view
         self.attn, names = self.layers[0], [x.layer_name for x in self.layers]
@@ -114,9 +113,6 @@ class Model(torch.nn.Module):
         kv, cache = query[:, : self.attn.num_kv_heads], self.attn.kv_cache  # unread
         self.attn.impl.forward(self.attn, query, kv, kv, cache, meta, out, **kw)
         return out
-
-    def hip(self, query, meta):
-        return self.run(query, replace(meta, use_asm_decode=False))[:-PAD].float()
 
 
 def common(seq_lens, pages, query_lens=None, device="cpu"):
@@ -168,7 +164,7 @@ def test_every_admitted_gqa_ratio(tmp_path, gqa, dtype):
     with mock.patch.object(aiter, "pa_fwd_asm", wraps=aiter.pa_fwd_asm) as pa:
         asm = model.run(query, metadata, out)[:-PAD].float()
     assert [call.kwargs["high_precision"] for call in pa.call_args_list] == [2]
-    hip = model.hip(query, metadata)
+    hip = model.run(query, replace(metadata, use_asm_decode=False))[:-PAD].float()
     torch.testing.assert_close(asm, hip, atol=ASM_MAX * 2, rtol=0)  # V scale 2
     assert (asm - hip).abs().mean() <= ASM_MEAN * 2 and out[-PAD:].isfinite().all()
 
@@ -204,7 +200,8 @@ def test_a_captured_graph_replays_asm_and_follows_a_weight_reload(tmp_path):
     assert metadata.use_asm_decode
     for k, v in ((1.0, 0.5), (0.25, 4.0)):
         reload_weights(model.config, model, kv_scales((k, v)), None, True)
-        hip = model.hip(query, model.builder.build(0, step))  # refills the tables
+        eager = replace(model.builder.build(0, step), use_asm_decode=False)  # refills
+        hip = model.run(query, eager)[:-PAD].float()
         graph.replay()
         torch.testing.assert_close(out[:-PAD].float(), hip, atol=ASM_MAX * v, rtol=0)
 
@@ -212,21 +209,30 @@ def test_a_captured_graph_replays_asm_and_follows_a_weight_reload(tmp_path):
 @pytest.mark.parametrize("mode", ["FULL", "PIECEWISE"])
 def test_a_reload_that_parts_the_layers_of_a_table(tmp_path, gfx942, mode):
     model, step, _ = decode(tmp_path, dev="cpu", scales=[(1.0, 1.0)] * 2)
-    model.config.compilation_config.cudagraph_mode = CUDAGraphMode[mode]
+    model.config.compilation_config.cudagraph_mode = cfg.CUDAGraphMode[mode]
     (k0, v0), (k1, v1) = model.builder.build(0, step).asm_scales.values()
     assert k0 is k1 and v0 is v1
-    reload_weights(model.config, model, kv_scales((1.0, 1.0), (0.5, 1.0)), None, True)
+    reload_weights(model.config, model, kv_scales((1.0, 2.0), (0.5, 2.0)), None, True)
     if mode == "FULL":
         with pytest.raises(RuntimeError, match=r"layers\.1 left .*_AITER_MHA=0 or"):
             model.builder.build(0, step)
     else:
         assert list(model.builder.build(0, step).asm_scales) == [model.attn]
+    assert (k0 == model.attn._k_scale).all() and (v0 == model.attn._v_scale).all()
 
 
-def test_an_aiter_before_0_1_17_keeps_hip(tmp_path, gfx942):
-    model, step, _ = decode(tmp_path, dev="cpu")
-    gfx942.__version__ = "0.1.17rc1"  # older ones misread block ids >= 65536
-    assert model.builder.build(0, step).asm_scales == {}
+BINDS = {  # AITER's version, each layer's K and V scales: how many layers run asm
+    "aiter-0.1.16": ("0.1.16", [(1.0, 1.0)], 0),  # it misreads block ids >= 65536
+    "four-tables": ("0.1.17", [(1.0, 1.0), (0.5, 2.0)], 2),
+    "five-tables": ("0.1.17", [(1.0, 1.0), (0.5, 2.0), (0.25, 1.0)], 0),  # all or none
+}
+
+
+@pytest.mark.parametrize(("aiter", "scales", "n"), BINDS.values(), ids=BINDS)
+def test_the_builder_binds_all_layers_or_none(tmp_path, gfx942, aiter, scales, n):
+    gfx942.__version__ = aiter
+    model, step, _ = decode(tmp_path, dev="cpu", scales=scales)
+    assert len(model.builder.build(0, step).asm_scales) == n
 
 
 def test_a_fused_output_quant_keeps_hip(tmp_path, monkeypatch):
@@ -266,7 +272,6 @@ REASONS = (  # one for each clause, in the rule's order
     "max_model_len 40961 > 40960"
 )
 RULE = {
-    "bf16": ({}, ""),
     "fp16-e4m3-gqa8-40960": (EDGE, ""),
     "scale-tables-2gib": (dict(n=2**22), "scale tables >= 2 GiB"),  # AITER's records
     "every-clause": (WRONG, REASONS),
