@@ -45,7 +45,7 @@ def asm_decode_rejections(
         kv_cache.transpose(0, 1), impl.num_kv_heads, impl.head_size
     )
     block_size, gqa = value_cache.shape[3], impl.num_heads // impl.num_kv_heads
-    scale_ok = abs(impl.scale * ASM_HEAD_SIZE**0.5 - 1) < 1e-6
+    scale_ok = abs(impl.scale * impl.head_size**0.5 - 1) < 1e-6  # as pa_fwd scales
     clauses = (
         (mi3xx, "a GPU other than gfx942/gfx950"),
         (impl.kv_cache_dtype in ASM_KV_DTYPES, f"{impl.kv_cache_dtype} KV cache"),
@@ -53,7 +53,7 @@ def asm_decode_rejections(
         (impl.head_size == ASM_HEAD_SIZE, f"head size {impl.head_size}"),
         (dtype in (torch.bfloat16, torch.float16), f"{dtype} query"),
         (gqa <= ASM_MAX_GQA, f"GQA {gqa}"),
-        (scale_ok, f"softmax scale {impl.scale:g} != 1/sqrt(128)"),
+        (scale_ok, f"softmax scale {impl.scale:g} != 1/sqrt({impl.head_size})"),
         (impl.sliding_window == (-1, -1), "sliding window"),
         (impl.alibi_slopes is None, "ALiBi"),
         (not impl.logits_soft_cap, "logits soft cap"),

@@ -122,11 +122,33 @@ def test_a_valid_gemma2_scalar_still_plans(tmp_path):
 # 2, 3, 4, and ASCII digits: options and paths
 
 
+SERVED = {  # what stock ROCM_ATTN would not serve at all is an input error, not a "HIP" row
+    "head-size-8": (
+        {"head_dim": 8},
+        [],
+        "head size 8: vLLM's ROCM_ATTN serves head sizes 32, 64, 80, 96, 128, 160, 192, 224, "
+        "256 only",
+    ),
+    "block-size-15": (
+        {},
+        ["--block-size", "15"],
+        "--block-size 15: vLLM's ROCM_ATTN takes a multiple of 16",
+    ),
+}
+
+
+@pytest.mark.parametrize(("overrides", "args", "message"), SERVED.values(), ids=SERVED)
+def test_what_rocm_attn_does_not_serve_is_one_line(tmp_path, overrides, args, message, capsys):
+    model = model_dir(tmp_path, BASE | overrides)
+    line = one_line_exit_2(["plan", "--model", model, *args], capsys)
+    assert message in line and "would not serve this model" in line, line
+
+
 def test_a_block_size_past_what_a_tensor_indexes_is_one_line(capsys):
     line = one_line_exit_2(
-        ["plan", "--model", "qwen3-8b", "--block-size", "99999999999999999999"], capsys
+        ["plan", "--model", "qwen3-8b", "--block-size", "160000000000000000000"], capsys
     )
-    assert "--block-size 99999999999999999999" in line and "2^63" in line, line
+    assert "--block-size 160000000000000000000" in line and "2^63" in line, line
 
 
 @pytest.mark.parametrize(

@@ -128,7 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=choices.positive_int,
         default=16,
         metavar="N",
-        help="KV cache block size (default 16)",
+        help="KV cache block size, a multiple of 16 as ROCM_ATTN takes (default 16)",
     )
     plan.add_argument(
         "--dtype",

@@ -304,8 +304,8 @@ def plan_layers(
 ) -> list[PlanLayer]:
     """One :class:`PlanLayer` per attention layer, from vLLM's reading of the config."""
     import torch
-    from vllm.v1.attention.backend import AttentionType
-    from vllm.v1.attention.backends.rocm_attn import RocmAttentionImpl
+    from vllm.v1.attention.backend import AttentionType, MultipleOf
+    from vllm.v1.attention.backends.rocm_attn import RocmAttentionBackend, RocmAttentionImpl
 
     hf = model_config.hf_text_config
     if model_config.use_mla:
@@ -321,6 +321,20 @@ def plan_layers(
         raise
     except Exception as exc:
         raise PlanError(f"config.json lacks attention fields: {first_line(exc)}") from exc
+    # Only what stock ROCM_ATTN serves at all (vLLM's own checks) has a decode to plan.
+    if not RocmAttentionBackend.supports_head_size(head_size):
+        sizes = ", ".join(map(str, RocmAttentionBackend.get_supported_head_sizes()))
+        raise PlanError(
+            f"head size {head_size}: vLLM's ROCM_ATTN serves head sizes {sizes} only, so "
+            "it would not serve this model"
+        )
+    if not RocmAttentionBackend.supports_block_size(block_size):
+        kinds = RocmAttentionBackend.get_supported_kernel_block_sizes()
+        takes = [f"a multiple of {k.base}" if isinstance(k, MultipleOf) else k for k in kinds]
+        raise PlanError(
+            f"--block-size {block_size}: vLLM's ROCM_ATTN takes "
+            f"{' or '.join(map(str, takes))}, so it would not serve this model"
+        )
     if num_layers > MAX_LAYERS:  # one layer is built per count
         raise PlanError(
             f"vLLM reads {num_layers} layers from config.json; no model has more than "

@@ -267,7 +267,7 @@ WRONG |= dict(logits_soft_cap=30.0, sinks=torch.zeros(72))
 WRONG |= dict(model=dict(dtype=torch.float32, max_model_len=40961))
 REASONS = (  # one for each clause, in the rule's order
     "a GPU other than gfx942/gfx950; fp8_e5m2 KV cache; block size 32; head size 256; "
-    "torch.float32 query; GQA 9; softmax scale 0.1 != 1/sqrt(128); sliding window; "
+    "torch.float32 query; GQA 9; softmax scale 0.1 != 1/sqrt(256); sliding window; "
     "ALiBi; logits soft cap; attention sinks; KV pages not dense; "
     "max_model_len 40961 > 40960"
 )
