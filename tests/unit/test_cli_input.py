@@ -1454,3 +1454,19 @@ def test_passkey_a_connect_timeout_points_to_timeout(capsys):
                 client.close()
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert line.endswith(f"{url}: no connection to {url}/v1/completions within 0.3 s (--timeout)")
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux's /proc")
+@pytest.mark.parametrize(
+    ("option", "refusal"),
+    [("--json", "--json /proc/x:"), ("--result-dir", "--result-dir /proc/x cannot be made:")],
+    ids=["json", "result-dir"],
+)
+def test_a_result_path_in_proc_is_refused_before_the_run_even_for_root(option, refusal, capsys):
+    """``os.access`` says yes to root for ``/proc``, where no file can be made (vLLM's
+    ROCm images run as root): the check makes and removes a file there instead."""
+    argv = ["bench", "serve", "--model", "m", "--vllm", STAND_IN_VLLM, option, "/proc/x"]
+    assert run(argv) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"vllm-rocm-asm-decode bench serve: error: {refusal} ")
+    assert line.endswith("no file can be made in /proc: No such file or directory"), line

@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import stat
+import tempfile
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -608,6 +609,19 @@ def unwritable(path: str) -> str | None:
         return f"{parent} does not exist"
     if not os.access(parent, os.W_OK | os.X_OK):
         return f"{parent} is not writable"
+    return _cannot_create_in(parent)
+
+
+def _cannot_create_in(directory: str) -> str | None:
+    """Why no file can be made in ``directory``, found by making (and removing) one; None
+    when one can. ``os.access`` answers yes to root for any directory, ``/proc`` and
+    ``/sys`` included, where nothing can be made."""
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".vllm-rocm-asm-decode-", dir=directory)
+    except OSError as exc:
+        return f"no file can be made in {directory}: {exc.strerror or exc}"
+    os.close(fd)
+    os.unlink(probe)
     return None
 
 
@@ -646,7 +660,7 @@ def uncreatable_dir(path: str) -> str | None:
             return "is a file"
         if not os.access(path, os.W_OK | os.X_OK):
             return "is not writable"
-        return None
+        return _cannot_create_in(path)
     missing = []
     here = os.path.abspath(path)
     while True:
@@ -663,6 +677,8 @@ def uncreatable_dir(path: str) -> str | None:
         return f"cannot be made: {here} is not a directory"
     if not os.access(here, os.W_OK | os.X_OK):
         return f"cannot be made: {here} is not writable"
+    if why := _cannot_create_in(here):
+        return f"cannot be made: {why}"
     try:
         longest = os.pathconf(here, "PC_NAME_MAX")
     except (OSError, ValueError):
