@@ -709,6 +709,40 @@ def test_ctrl_c_is_one_line_and_exit_130(monkeypatch, capsys, command):
     assert out == "" and err.strip() == "vllm-rocm-asm-decode: interrupted"
 
 
+@pytest.mark.parametrize(
+    ("signum", "code", "said"),
+    [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated (SIGTERM)")],
+    ids=["ctrl-c", "sigterm"],
+)
+def test_a_signal_an_import_swallowed_is_still_one_line(monkeypatch, capsys, signum, code, said):
+    """A Ctrl-C (or SIGTERM) landing inside numpy's or torch's import can be swallowed
+    there and surface as another error; it is reported as the signal it was."""
+
+    def import_swallowing_it(*_args, **_kwargs):
+        try:
+            os.kill(os.getpid(), signum)
+        except KeyboardInterrupt:
+            pass  # what the import did with it
+        raise RuntimeError("CPU dispatcher tracer already initlized")
+
+    for name in ("_plan", "_missing_runtime", "_settings_problem"):
+        monkeypatch.setattr(cli, name, import_swallowing_it if name == "_plan" else lambda: None)
+    assert cli.main(["plan"]) == code
+    out, err = capsys.readouterr()
+    assert out == "" and err.strip() == f"vllm-rocm-asm-decode: {said}"
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # undone
+
+
+def test_an_error_without_a_signal_is_not_taken_for_one(monkeypatch):
+    def fails(*_args, **_kwargs):
+        raise RuntimeError("a bug")
+
+    for name in ("_plan", "_missing_runtime", "_settings_problem"):
+        monkeypatch.setattr(cli, name, fails if name == "_plan" else lambda: None)
+    with pytest.raises(RuntimeError, match="a bug"):
+        cli.main(["plan"])
+
+
 # --------------------------------------------------------------------------------------
 # Result files checked before the work: read-only files and directories (17, 6)
 

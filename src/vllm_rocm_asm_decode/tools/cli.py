@@ -851,6 +851,31 @@ def _take_sigterm_as_ctrl_c() -> Callable[[], None]:
 _sigterm_taken = threading.Event()
 
 
+def _note_ctrl_c() -> Callable[[], None]:
+    """Ctrl-C raises KeyboardInterrupt as Python's own handler does, and is remembered:
+    one that lands inside an import (numpy's, torch's) can be swallowed there and
+    surface as another error, which :func:`main` then reports as the interrupt it was.
+    Left alone where SIGINT is ignored (a background job) or handled by the embedder.
+    Returns the undo."""
+    _sigint_taken.clear()
+    try:
+        if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+            return lambda: None
+
+        def interrupted(signum: int, frame: object) -> None:
+            _sigint_taken.set()
+            raise KeyboardInterrupt
+
+        signal.signal(signal.SIGINT, interrupted)
+    except ValueError:  # not the main thread
+        return lambda: None
+    return lambda: signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+#: Set once this run of the command has taken a Ctrl-C.
+_sigint_taken = threading.Event()
+
+
 def main(argv: list[str] | None = None) -> int:
     """The ``vllm-rocm-asm-decode`` command. Ctrl-C ends it with one line and exit 130
     (``bench serve`` first stops its server and keeps its results), SIGTERM the same
@@ -865,7 +890,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr = open(os.devnull, "w")  # closed in the finally below
     # None: started with stdout closed (``>&-``), where print() would write nothing.
     sys.stdout = _GuardedStdout(_ClosedStdout() if real is None else real)
-    undo_sigterm = _take_sigterm_as_ctrl_c()
+    undo_sigterm, undo_sigint = _take_sigterm_as_ctrl_c(), _note_ctrl_c()
     try:
         try:
             code = _main(argv)
@@ -875,10 +900,13 @@ def main(argv: list[str] | None = None) -> int:
             if sys.stdout is not None:
                 sys.stdout.flush()
     except KeyboardInterrupt as exc:
-        # On a terminal the ^C (or a loading note) ends the line first.
-        said = "terminated (SIGTERM)" if isinstance(exc, _Terminated) else "interrupted"
-        _complain(("\n" if sys.stderr.isatty() else "") + f"{PROG}: {said}")
-        return EXIT_TERMINATED if isinstance(exc, _Terminated) else 130
+        return _interrupted(isinstance(exc, _Terminated))
+    except Exception:
+        # A Ctrl-C or SIGTERM an import swallowed, surfacing as another error (numpy's
+        # "no attribute 'ndarray'", torch's "dispatcher tracer already initlized").
+        if _sigint_taken.is_set() or _sigterm_taken.is_set():
+            return _interrupted(_sigterm_taken.is_set())
+        raise
     except BrokenPipeError:
         _drop(real)
         return EXIT_BROKEN_PIPE
@@ -893,6 +921,15 @@ def main(argv: list[str] | None = None) -> int:
             sys.stderr.close()
             sys.stderr = real_err
         undo_sigterm()
+        undo_sigint()
+
+
+def _interrupted(terminated: bool) -> int:
+    """The one line and exit status of a Ctrl-C (130) or a SIGTERM (143)."""
+    # On a terminal the ^C (or a loading note) ends the line first.
+    said = "terminated (SIGTERM)" if terminated else "interrupted"
+    _complain(("\n" if sys.stderr.isatty() else "") + f"{PROG}: {said}")
+    return EXIT_TERMINATED if terminated else 130
 
 
 def _drop(stream) -> None:
