@@ -182,6 +182,22 @@ CASES = {
     ),
     "passkey-lengths": (["check", "passkey", "--model", "m", "--lengths", "200000000"], "at most"),
     "passkey-model-empty": (["check", "passkey", "--model", ""], "must not be empty"),
+    "passkey-length-below-a-prompt": (
+        ["check", "passkey", "--model", "m", "--lengths", "3000,1"],
+        "'3000,1': give integers of at least 100",
+    ),
+    "passkey-base-url-an-endpoint": (
+        ["check", "passkey", "--model", "m", "--base-url", "http://h:8000/v1/completions"],
+        "is an endpoint: give the server's URL",
+    ),
+    "kernel-skew-two-seqs": (
+        ["bench", "kernel", "--skew", "--seqs", "1,2"],
+        "bench kernel: error: --skew takes one --seqs value, not 2",
+    ),
+    "kernel-sweep-two-contexts": (
+        ["bench", "kernel", "--sweep", "--contexts", "1024,2048"],
+        "bench kernel: error: --sweep takes one --contexts value, not 2",
+    ),
     "huge-seed": (["check", "accuracy", "--seeds", "99999999999999999999"], "at most"),
     "accuracy-json-empty": (["check", "accuracy", "--json", ""], "must not be empty"),
     "kernel-precision": (["bench", "kernel", "--precision", "fast"], "'fast': use uhp or default"),
@@ -282,7 +298,7 @@ CASES = {
     ),
     "kernel-skew-without-a-longer-length": (
         ["bench", "kernel", "--skew", "--contexts", "131072"],
-        "give a first --contexts value below 131072",
+        "give a --contexts value below 131072",
     ),
     # 21: URLs that cannot be dialled as written
     "passkey-host-label-64": (

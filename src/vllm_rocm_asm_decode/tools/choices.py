@@ -438,6 +438,15 @@ def contexts(text: str) -> list[int]:
     return _distinct(text, int_list(text, maximum=MAX_CONTEXT))
 
 
+#: The shortest passkey prompt: its question, the key's sentence and one filler block
+#: already take about 80 tokens.
+MIN_PASSKEY_LENGTH = 100
+
+
+def passkey_lengths(text: str) -> list[int]:
+    return _distinct(text, int_list(text, minimum=MIN_PASSKEY_LENGTH, maximum=MAX_CONTEXT))
+
+
 def nonempty(text: str) -> str:
     if not text.strip():
         raise argparse.ArgumentTypeError("must not be empty")
@@ -494,6 +503,11 @@ def http_url(text: str) -> str:
     if parts.query or parts.fragment:
         raise argparse.ArgumentTypeError(f"{text!r}: give the server's URL, without ?query or #")
     root = f"{parts.scheme.lower()}://{parts.netloc}{parts.path}".rstrip("/")
+    if "/v1/" in f"{parts.path.rstrip('/')}/" and not root.endswith("/v1"):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is an endpoint: give the server's URL (http(s)://host:port, or with "
+            "/v1); the tool adds /v1/completions itself"
+        )
     return root.removesuffix("/v1") if root.endswith("/v1") else root
 
 

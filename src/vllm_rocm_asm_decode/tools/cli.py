@@ -430,14 +430,15 @@ def _add_bench_kernel(bench) -> None:
     mode.add_argument(
         "--sweep",
         action="store_true",
-        help="walk batch sizes from 1 at the first layout and context and report "
+        help="walk batch sizes from 1 at one layout and context (one --heads and one "
+        "--contexts value; --seqs gives the sizes) and report "
         "the crossover and the VLLM_ROCM_ASM_DECODE_CUT it suggests",
     )
     mode.add_argument(
         "--skew",
         action="store_true",
         help="one long sequence (2K to 128K tokens) among --seqs short ones (default 127 "
-        "of --contexts' first value, default 1024): where asm turns slower, and the "
+        "of one --contexts value, default 1024; one --heads): where asm turns slower, and the "
         "VLLM_ROCM_ASM_DECODE_SKEW that suggests",
     )
     p.add_argument(
@@ -474,10 +475,11 @@ def _add_check_passkey(check) -> None:
     )
     p.add_argument(
         "--lengths",
-        type=choices.contexts,
+        type=choices.passkey_lengths,
         default=[3000, 8000, 16000, 32000],
         metavar="N,...",
-        help="target prompt lengths in tokens (default 3000,8000,16000,32000)",
+        help="target prompt lengths in tokens, each from "
+        f"{choices.MIN_PASSKEY_LENGTH} (default 3000,8000,16000,32000)",
     )
     p.add_argument(
         "--prompts",
@@ -901,12 +903,6 @@ def main(argv: list[str] | None = None) -> int:
                 sys.stdout.flush()
     except KeyboardInterrupt as exc:
         return _interrupted(isinstance(exc, _Terminated))
-    except Exception:
-        # A Ctrl-C or SIGTERM an import swallowed, surfacing as another error (numpy's
-        # "no attribute 'ndarray'", torch's "dispatcher tracer already initlized").
-        if _sigint_taken.is_set() or _sigterm_taken.is_set():
-            return _interrupted(_sigterm_taken.is_set())
-        raise
     except BrokenPipeError:
         _drop(real)
         return EXIT_BROKEN_PIPE
@@ -915,6 +911,12 @@ def main(argv: list[str] | None = None) -> int:
         who = " ".join((PROG, *_running))
         _complain(f"{who}: error: cannot write to stdout: {exc}")
         return 1
+    except Exception:
+        # A Ctrl-C or SIGTERM an import swallowed, surfacing as another error (numpy's
+        # "no attribute 'ndarray'", torch's "dispatcher tracer already initlized").
+        if _sigint_taken.is_set() or _sigterm_taken.is_set():
+            return _interrupted(_sigterm_taken.is_set())
+        raise
     finally:
         sys.stdout = real
         if real_err is None:
@@ -1068,10 +1070,17 @@ def _bench_kernel(args: argparse.Namespace) -> int:
     if args.json and (why := choices.unwritable(args.json)):
         problem = f"--json {args.json}: {why}"
     problem = problem or _plot_problem(args.plot)
+    # --skew times one layout, --sweep walks the batch sizes of one: a second value of
+    # what they hold fixed would be dropped unseen.
+    fixed = ("heads", "contexts", "seqs") if args.skew else ("heads", "contexts")
+    for name in fixed if args.skew or args.sweep else ():
+        if problem is None and len(getattr(args, name) or ()) > 1:
+            mode = "--skew" if args.skew else "--sweep"
+            problem = f"{mode} takes one --{name} value, not {len(getattr(args, name))}"
     if problem is None and args.skew and not kb.skew_setup(args)[3]:
         problem = (
             f"--skew times long sequences of up to {kb.SKEW_LONG[-1]} tokens among short "
-            f"ones: give a first --contexts value below {kb.SKEW_LONG[-1]}"
+            f"ones: give a --contexts value below {kb.SKEW_LONG[-1]}"
         )
     problem = problem or kb.memory_problem(args) or _settings_problem()
     if problem:
