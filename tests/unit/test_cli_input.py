@@ -182,6 +182,15 @@ CASES = {
     ),
     "passkey-lengths": (["check", "passkey", "--model", "m", "--lengths", "200000000"], "at most"),
     "passkey-model-empty": (["check", "passkey", "--model", ""], "must not be empty"),
+    "plan-hugging-face-id-of-a-preset": (
+        ["plan", "--model", "Qwen/Qwen3-8B"],
+        "download the model, then give its directory); --model qwen3-8b plans it from its "
+        "bundled config.json",
+    ),
+    "plan-preset-in-capitals": (
+        ["plan", "--model", "QWEN3-8B"],
+        "unknown model preset 'QWEN3-8B'; --model qwen3-8b plans it from its bundled",
+    ),
     "passkey-length-below-a-prompt": (
         ["check", "passkey", "--model", "m", "--lengths", "3000,1"],
         "'3000,1': give integers of at least 100",

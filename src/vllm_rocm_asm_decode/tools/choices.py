@@ -152,12 +152,17 @@ def resolve_model_dir(model: str) -> tuple[Path, str]:
         raise InputError(f"--model {model} is a file; give the model's directory (config.json)")
     if model.startswith((os.sep, ".", "~")):
         raise InputError(f"model directory {model} does not exist")
+    # A Hugging Face id or a preset in other case whose name is a preset's: say which.
+    like = model.rsplit("/", 1)[-1].lower()
+    hint = f"; --model {like} plans it from its bundled config.json" if like in presets() else ""
     if "/" in model:
         raise InputError(
             f"--model {model}: only local directories and presets work (plan reads "
-            "config.json offline; download the model, then give its directory)"
+            f"config.json offline; download the model, then give its directory){hint}"
         )
-    raise InputError(f"unknown model preset {model!r}; presets: {', '.join(presets())}")
+    raise InputError(
+        f"unknown model preset {model!r}{hint or '; presets: ' + ', '.join(presets())}"
+    )
 
 
 def cache_too_large(num_gpu_blocks: int, size: int, gpu: Gpu, any_gpu: bool = False) -> str:
