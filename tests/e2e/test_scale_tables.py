@@ -197,8 +197,11 @@ def test_a_diverging_reload_of_allocated_shared_tables_sends_those_layers_to_hip
     captured graph; without graphs (--enforce-eager) it can fall back. The table keeps
     its scale, right for the layers that kept theirs
     (here the first, and the third whose V scale is the others' K scale): they keep asm.
-    One warning names the moved layer and says what to do; its eager steps run HIP."""
+    One warning names the moved layer and says what to do; its eager steps run HIP. The
+    step after neither refills nor warns again."""
     from vllm.config import CUDAGraphMode
+
+    from op_audit import OpRecorder
 
     stock = harness.spy_stock_path(monkeypatch)
     model, checkpoint = fp8_checkpoint(tmp_path, [(0.5, 0.25)] * 2 + [(1.0, 0.5)])
@@ -208,6 +211,9 @@ def test_a_diverging_reload_of_allocated_shared_tables_sends_those_layers_to_hip
     checkpoint.reload([(0.5, 0.25), (2.0, 0.25), (1.0, 0.5)])
     batch = harness.make_batch(model, [40] * 16, seed=3)
     metadata = model.builder.build(0, batch.common)
+    with OpRecorder() as ops:  # the step after: the reload is followed once
+        model.builder.build(0, batch.common)
+    assert not any("fill" in str(op) for op in ops.ops)
     (line,) = [m for m in plugin_log if "left their shared asm scale tables" in m]
     first, second, third = model.names
     assert f"KV scales of {second} left" in line and "they now use the HIP decode" in line

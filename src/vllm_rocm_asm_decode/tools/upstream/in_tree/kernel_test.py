@@ -34,12 +34,10 @@ try:
     from vllm.platforms.rocm import on_mi3xx
 
     ASM = on_mi3xx() and Version(__version__) >= Version("0.1.17")
+    ASM &= torch.accelerator.is_available()
 except (ImportError, InvalidVersion):
     ASM = False
-requires_asm = pytest.mark.skipif(
-    not (ASM and torch.accelerator.is_available()),
-    reason="needs AITER >= 0.1.17 on a gfx942/gfx950 GPU",
-)
+requires_asm = pytest.mark.skipif(not ASM, reason="needs AITER 0.1.17+, gfx942/gfx950")
 
 
 @pytest.fixture(autouse=True)
@@ -231,8 +229,9 @@ BINDS = {  # AITER's version, each layer's K and V scales: how many layers run a
 @pytest.mark.parametrize(("aiter", "scales", "n"), BINDS.values(), ids=BINDS)
 def test_the_builder_binds_all_layers_or_none(tmp_path, gfx942, aiter, scales, n):
     gfx942.__version__ = aiter
-    model, step, _ = decode(tmp_path, dev="cpu", scales=scales)
-    assert len(model.builder.build(0, step).asm_scales) == n
+    model, step, _ = decode(tmp_path, dev="cpu", scales=scales)  # just above the cut
+    metadata = model.builder.build(0, step)
+    assert len(metadata.asm_scales) == n and metadata.use_asm_decode is bool(n)
 
 
 def test_a_fused_output_quant_keeps_hip(tmp_path, monkeypatch):
