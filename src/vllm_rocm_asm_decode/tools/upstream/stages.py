@@ -235,9 +235,9 @@ _STAGE_1_BIND = (
     + _STAGE_1_TABLES
     + """\
             self._asm_heads = layer.impl.num_heads  # the cut counts these layers' heads
-        n, total = len(self._asm_scales), len(self.layer_names)
+        log = logger.info_once if self._asm_scales else logger.debug_once
         msg = "ROCM_ATTN: AITER pa_fwd_asm decodes %d of %d layers above %d query heads"
-        (logger.info_once if n else logger.debug_once)(msg, n, total, self._asm_cut)
+        log(msg, len(self._asm_scales), len(self.layer_names), self._asm_cut)
 """
 )
 
