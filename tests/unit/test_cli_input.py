@@ -612,8 +612,13 @@ def _passkey(url: str, *options: str) -> int:
         (_http(json.dumps({"choices": []}).encode()), "the reply has no completion text"),
         (_http(b"<html>"), "the reply is not JSON"),
         (_http(b"context length exceeded", "400 Bad Request"), "HTTP 400: context length exceeded"),
+        (
+            _http(b'{"error": {"message": "The model `m` does not exist."}}', "404 Not Found"),
+            "(the server serves another model: is --model the name it was started with?)",
+        ),
+        (_http(b"Not Found", "404 Not Found"), "is --base-url the vLLM server's?"),
     ],
-    ids=["empty-choices", "not-json", "http-400"],
+    ids=["empty-choices", "not-json", "http-400", "404-another-model", "404-no-endpoint"],
 )
 def test_passkey_server_answers_that_are_not_completions(answer, message, capsys):
     with _PasskeyServer(answer) as server:
@@ -1529,3 +1534,42 @@ def test_a_result_path_in_proc_is_refused_before_the_run_even_for_root(option, r
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith(f"vllm-rocm-asm-decode bench serve: error: {refusal} ")
     assert line.endswith("no file can be made in /proc: No such file or directory"), line
+
+
+@pytest.mark.parametrize(
+    ("signum", "code", "said"),
+    [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated (SIGTERM)")],
+    ids=["ctrl-c", "sigterm"],
+)
+def test_a_signal_inside_an_import_ends_the_command_at_once(tmp_path, signum, code, said):
+    """Raised inside an import, a Ctrl-C can abort the process in native code or be
+    swallowed there; a command with nothing to release ends at once with its line."""
+    (tmp_path / "heavy.py").write_text(
+        "import os\n"
+        f"try:\n    os.kill(os.getpid(), {int(signum)})\n    sum(range(10**6))\n"
+        "except BaseException:\n    pass  # swallowed, as native imports can\n"
+        "print('ran on')\n"
+    )
+    script = (
+        "import sys\nfrom vllm_rocm_asm_decode.tools import cli\n"
+        "cli._plan = lambda *a, **k: __import__('heavy') and 0\n"
+        "cli._missing_runtime = cli._settings_problem = lambda: None\n"
+        "sys.exit(cli.main(['plan']))\n"
+    )
+    env = os.environ | {"PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert (proc.returncode, proc.stdout, proc.stderr.strip()) == (
+        code,
+        "",
+        f"vllm-rocm-asm-decode: {said}",
+    )
+
+
+@pytest.mark.skipif(not os.path.isfile("/proc/version"), reason="needs Linux's /proc")
+def test_an_existing_kernel_file_is_no_result_file():
+    """Root may open /proc/version for writing; the write fails at the end of the run."""
+    assert choices.unwritable("/proc/version") == (
+        "is a kernel interface file (/proc, /sys), not a result file"
+    )

@@ -132,9 +132,19 @@ SERVED = {  # what stock ROCM_ATTN would not serve at all is an input error, not
     "block-size-15": (
         {},
         ["--block-size", "15"],
-        "--block-size 15: vLLM's ROCM_ATTN takes a multiple of 16",
+        "--block-size: 15: vLLM's ROCM_ATTN takes a multiple of 16",
     ),
 }
+
+
+def test_the_block_sizes_judged_before_vllm_are_rocm_attns():
+    from vllm.v1.attention.backend import MultipleOf
+    from vllm.v1.attention.backends.rocm_attn import RocmAttentionBackend
+
+    from vllm_rocm_asm_decode.tools import choices
+
+    (kind,) = RocmAttentionBackend.get_supported_kernel_block_sizes()
+    assert isinstance(kind, MultipleOf) and kind.base == choices.ROCM_ATTN_BLOCK_MULTIPLE
 
 
 @pytest.mark.parametrize(("overrides", "args", "message"), SERVED.values(), ids=SERVED)

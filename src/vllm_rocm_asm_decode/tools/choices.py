@@ -153,7 +153,7 @@ def resolve_model_dir(model: str) -> tuple[Path, str]:
     if model.startswith((os.sep, ".", "~")):
         raise InputError(f"model directory {model} does not exist")
     # A Hugging Face id or a preset in other case whose name is a preset's: say which.
-    like = model.rsplit("/", 1)[-1].lower()
+    like = model.rstrip("/").rsplit("/", 1)[-1].lower()
     hint = f"; --model {like} plans it from its bundled config.json" if like in presets() else ""
     if "/" in model:
         raise InputError(
@@ -271,6 +271,21 @@ def positive_int(text: str) -> int:
     value = integer(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"{value} must be at least 1")
+    return value
+
+
+#: ROCM_ATTN's kernel block sizes: multiples of this (vLLM's
+#: ``RocmAttentionBackend.get_supported_kernel_block_sizes()``, a unit test holds them equal).
+ROCM_ATTN_BLOCK_MULTIPLE = 16
+
+
+def block_size(text: str) -> int:
+    value = positive_int(text)
+    if value % ROCM_ATTN_BLOCK_MULTIPLE:
+        raise argparse.ArgumentTypeError(
+            f"{value}: vLLM's ROCM_ATTN takes a multiple of {ROCM_ATTN_BLOCK_MULTIPLE}, so it "
+            "would not serve this model"
+        )
     return value
 
 
@@ -617,6 +632,8 @@ def unwritable(path: str) -> str | None:
             return "is not a regular file (a FIFO, a device or a socket); give a file name"
         if not os.access(path, os.W_OK):
             return "exists and is not writable"
+        if os.path.realpath(path).startswith(("/proc/", "/sys/")):  # writable by root
+            return "is a kernel interface file (/proc, /sys), not a result file"
         return None
     parent = os.path.dirname(path) or "."
     if not os.path.isdir(parent):

@@ -28,6 +28,7 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
+from types import FrameType
 
 from . import choices
 
@@ -125,7 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     plan.add_argument(
         "--block-size",
-        type=choices.positive_int,
+        type=choices.block_size,
         default=16,
         metavar="N",
         help="KV cache block size, a multiple of 16 as ROCM_ATTN takes (default 16)",
@@ -478,8 +479,8 @@ def _add_check_passkey(check) -> None:
         type=choices.passkey_lengths,
         default=[3000, 8000, 16000, 32000],
         metavar="N,...",
-        help="target prompt lengths in tokens, each from "
-        f"{choices.MIN_PASSKEY_LENGTH} (default 3000,8000,16000,32000)",
+        help=f"target prompt lengths in tokens, each {choices.MIN_PASSKEY_LENGTH} to "
+        f"{choices.MAX_CONTEXT} (default 3000,8000,16000,32000)",
     )
     p.add_argument(
         "--prompts",
@@ -838,8 +839,9 @@ def _take_sigterm_as_ctrl_c() -> Callable[[], None]:
     try:
         previous = signal.getsignal(signal.SIGTERM)
 
-        def terminated(signum: int, frame: object) -> None:
+        def terminated(signum: int, frame: FrameType | None) -> None:
             _sigterm_taken.set()
+            _end_now_inside_an_import(frame, terminated=True)
             raise _Terminated
 
         _sigterm_taken.clear()
@@ -864,8 +866,9 @@ def _note_ctrl_c() -> Callable[[], None]:
         if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
             return lambda: None
 
-        def interrupted(signum: int, frame: object) -> None:
+        def interrupted(signum: int, frame: FrameType | None) -> None:
             _sigint_taken.set()
+            _end_now_inside_an_import(frame, terminated=False)
             raise KeyboardInterrupt
 
         signal.signal(signal.SIGINT, interrupted)
@@ -876,6 +879,25 @@ def _note_ctrl_c() -> Callable[[], None]:
 
 #: Set once this run of the command has taken a Ctrl-C.
 _sigint_taken = threading.Event()
+
+#: Commands that start servers: their Ctrl-C stops them first, so it is always raised.
+_STOP_THEIR_SERVERS = (["bench", "serve"], ["reproduce"])
+
+
+def _end_now_inside_an_import(frame: FrameType | None, terminated: bool) -> None:
+    """A signal that lands inside an import (torch's, vLLM's) ends a command that holds
+    nothing yet to release or keep there and then, with its one line: raised in the
+    import, it can abort the process in native code ("terminate called after throwing
+    ... KeyboardInterrupt"), or be swallowed and the command run on."""
+    if _running[:2] in _STOP_THEIR_SERVERS or _running[:1] in _STOP_THEIR_SERVERS:
+        return
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            code = _interrupted(terminated)
+            with contextlib.suppress(OSError, ValueError):
+                sys.stderr.flush()
+            os._exit(code)
+        frame = frame.f_back
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -308,11 +308,11 @@ def _http_error(exc: urllib.error.HTTPError, url: str, via: str, timeout: float)
     except (OSError, http.client.HTTPException, ValueError) as error:  # out of time, cut
         return f"HTTP {exc.code}{via} (its body could not be read: {_why_unread(error, timeout)})"
     detail = " ".join(detail.split())[:300] or str(exc.reason)
-    hint = (
-        f" (no completions endpoint at {printable(url)}: is --base-url the vLLM server's?)"
-        if exc.code == 404
-        else ""
-    )
+    hint = ""
+    if exc.code == 404 and "does not exist" in detail:  # vLLM's word for another model
+        hint = " (the server serves another model: is --model the name it was started with?)"
+    elif exc.code == 404:
+        hint = f" (no completions endpoint at {printable(url)}: is --base-url the vLLM server's?)"
     return f"HTTP {exc.code}{via}: {printable(detail)}{hint}"
 
 
