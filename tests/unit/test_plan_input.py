@@ -137,6 +137,18 @@ SERVED = {  # what stock ROCM_ATTN would not serve at all is an input error, not
 }
 
 
+def test_the_head_sizes_judged_before_vllm_are_rocm_attns(tmp_path, monkeypatch, capsys):
+    from vllm.v1.attention.backends.rocm_attn import RocmAttentionBackend
+
+    from vllm_rocm_asm_decode.tools import plan_input
+
+    assert list(plan_input.ROCM_ATTN_HEAD_SIZES) == RocmAttentionBackend.get_supported_head_sizes()
+    monkeypatch.setattr("vllm_rocm_asm_decode.tools.plan.make_plan", None)  # never reached
+    model = model_dir(tmp_path, BASE | {"head_dim": 72})
+    line = one_line_exit_2(["plan", "--model", model], capsys)
+    assert "head size 72: vLLM's ROCM_ATTN serves head sizes 32, 64, 80" in line, line
+
+
 def test_the_block_sizes_judged_before_vllm_are_rocm_attns():
     from vllm.v1.attention.backend import MultipleOf
     from vllm.v1.attention.backends.rocm_attn import RocmAttentionBackend

@@ -566,12 +566,13 @@ def _plan(args: argparse.Namespace) -> int:
     try:
         check_all()  # the plugin's settings, as vLLM would apply them
         # What the arguments and config.json decide, before vLLM is imported.
-        from .plan_input import check_cache_size, check_config, check_model_path
+        from .plan_input import check_cache_size, check_config, check_head_size, check_model_path
 
         check_model_path(args.model)
         model_dir, label = choices.resolve_model_dir(args.model)
         choices.check_model_config(model_dir, args.tensor_parallel_size)
         check_config(model_dir, args.dtype)
+        check_head_size(model_dir)
         check_cache_size(
             model_dir,
             args.gpu,

@@ -119,6 +119,35 @@ def check_config(model_dir: Path, dtype: str = "auto") -> None:
 PLAIN_DECODERS = ("llama", "mistral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "mixtral")
 
 
+#: The head sizes vLLM's ROCM_ATTN serves (``RocmAttentionBackend.get_supported_head_sizes()``;
+#: a unit test holds them equal).
+ROCM_ATTN_HEAD_SIZES = (32, 64, 80, 96, 128, 160, 192, 224, 256)
+
+
+def check_head_size(model_dir: Path) -> None:
+    """A plain decoder's head size (``head_dim``, else hidden size over heads, as vLLM
+    reads it for these models) that ROCM_ATTN does not serve, judged before vLLM is
+    imported; ``plan`` checks every model again from vLLM's own reading."""
+    section = attention_section(json.loads((model_dir / "config.json").read_text()))
+    if section.get("model_type") not in PLAIN_DECODERS:
+        return
+    found = _count(section, HEAD_COUNT_KEYS)
+    heads = found[1] if found else None
+    head_dim = section.get("head_dim") or section.get("hidden_size", 0) // (heads or 1)
+    # Anything odder (a negative head_dim, a float) is left to vLLM's own reading.
+    if (
+        isinstance(head_dim, int)
+        and head_dim > 0
+        and heads
+        and head_dim not in ROCM_ATTN_HEAD_SIZES
+    ):
+        sizes = ", ".join(map(str, ROCM_ATTN_HEAD_SIZES))
+        raise InputError(
+            f"head size {head_dim}: vLLM's ROCM_ATTN serves head sizes {sizes} only, so it "
+            "would not serve this model"
+        )
+
+
 def check_cache_size(
     model_dir: Path,
     gpu: str | None,
