@@ -857,11 +857,12 @@ _sigterm_taken = threading.Event()
 
 
 def _note_ctrl_c() -> Callable[[], None]:
-    """Ctrl-C raises KeyboardInterrupt as Python's own handler does, and is remembered:
-    one that lands inside an import (numpy's, torch's) can be swallowed there and
-    surface as another error, which :func:`main` then reports as the interrupt it was.
-    Left alone where SIGINT is ignored (a background job) or handled by the embedder.
-    Returns the undo."""
+    """Ctrl-C raises KeyboardInterrupt as Python's own handler does, unless it lands
+    inside an import of a command without servers (:func:`_end_now_inside_an_import`),
+    and is remembered: one that an import of ``bench serve`` or ``reproduce`` swallowed
+    and that surfaced as another error is reported by :func:`main` as the interrupt it
+    was. Left alone where SIGINT is ignored (a background job) or handled by the
+    embedder. Returns the undo."""
     _sigint_taken.clear()
     try:
         if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
@@ -1095,11 +1096,11 @@ def _bench_kernel(args: argparse.Namespace) -> int:
     problem = problem or _plot_problem(args.plot)
     # --skew times one layout, --sweep walks the batch sizes of one: a second value of
     # what they hold fixed would be dropped unseen.
-    fixed = ("heads", "contexts", "seqs") if args.skew else ("heads", "contexts")
-    for name in fixed if args.skew or args.sweep else ():
-        if problem is None and len(getattr(args, name) or ()) > 1:
+    if problem is None and (args.skew or args.sweep):
+        fixed = ("heads", "contexts", "seqs") if args.skew else ("heads", "contexts")
+        if many := [n for n in fixed if len(getattr(args, n) or ()) > 1]:
             mode = "--skew" if args.skew else "--sweep"
-            problem = f"{mode} takes one --{name} value, not {len(getattr(args, name))}"
+            problem = f"{mode} takes one --{many[0]} value, not {len(getattr(args, many[0]))}"
     if problem is None and args.skew and not kb.skew_setup(args)[3]:
         problem = (
             f"--skew times long sequences of up to {kb.SKEW_LONG[-1]} tokens among short "

@@ -50,7 +50,7 @@ from .choices import (
     resolve_model_dir,
 )
 from .contract_model import original_time_model
-from .plan_input import check_config, check_model_path
+from .plan_input import check_config, check_model_path, unserved_head_size
 
 #: A problem with the user's input (one line, exit 2).
 PlanError = InputError
@@ -323,11 +323,8 @@ def plan_layers(
         raise PlanError(f"config.json lacks attention fields: {first_line(exc)}") from exc
     # Only what stock ROCM_ATTN serves at all (vLLM's own checks) has a decode to plan.
     if not RocmAttentionBackend.supports_head_size(head_size):
-        sizes = ", ".join(map(str, RocmAttentionBackend.get_supported_head_sizes()))
-        raise PlanError(
-            f"head size {head_size}: vLLM's ROCM_ATTN serves head sizes {sizes} only, so "
-            "it would not serve this model"
-        )
+        served = RocmAttentionBackend.get_supported_head_sizes()
+        raise PlanError(unserved_head_size(head_size, served))
     if not RocmAttentionBackend.supports_block_size(block_size):
         kinds = RocmAttentionBackend.get_supported_kernel_block_sizes()
         takes = [f"a multiple of {k.base}" if isinstance(k, MultipleOf) else k for k in kinds]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 from .choices import (
@@ -124,16 +125,33 @@ PLAIN_DECODERS = ("llama", "mistral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe"
 ROCM_ATTN_HEAD_SIZES = (32, 64, 80, 96, 128, 160, 192, 224, 256)
 
 
-def check_head_size(model_dir: Path) -> None:
-    """A plain decoder's head size (``head_dim``, else hidden size over heads, as vLLM
-    reads it for these models) that ROCM_ATTN does not serve, judged before vLLM is
-    imported; ``plan`` checks every model again from vLLM's own reading."""
+def unserved_head_size(head_size: object, served: Sequence[int]) -> str:
+    """The error for a head size ROCM_ATTN does not serve (``served``: the ones it does)."""
+    return (
+        f"head size {head_size}: vLLM's ROCM_ATTN serves head sizes "
+        f"{', '.join(map(str, served))} only, so it would not serve this model"
+    )
+
+
+def _plain_decoder(model_dir: Path) -> tuple[dict, object, object] | None:
+    """A plain decoder's attention section, head count and head size (``head_dim``, else
+    hidden size over heads, as vLLM reads them for these models); None for other
+    models. check_model_config has judged the counts (whole numbers of at least 1)."""
     section = attention_section(json.loads((model_dir / "config.json").read_text()))
     if section.get("model_type") not in PLAIN_DECODERS:
-        return
+        return None
     found = _count(section, HEAD_COUNT_KEYS)
     heads = found[1] if found else None
     head_dim = section.get("head_dim") or section.get("hidden_size", 0) // (heads or 1)
+    return section, heads, head_dim
+
+
+def check_head_size(model_dir: Path) -> None:
+    """A plain decoder's head size that ROCM_ATTN does not serve, judged before vLLM is
+    imported; ``plan`` checks every model again from vLLM's own reading."""
+    if (plain := _plain_decoder(model_dir)) is None:
+        return
+    _, heads, head_dim = plain
     # Anything odder (a negative head_dim, a float) is left to vLLM's own reading.
     if (
         isinstance(head_dim, int)
@@ -141,11 +159,7 @@ def check_head_size(model_dir: Path) -> None:
         and heads
         and head_dim not in ROCM_ATTN_HEAD_SIZES
     ):
-        sizes = ", ".join(map(str, ROCM_ATTN_HEAD_SIZES))
-        raise InputError(
-            f"head size {head_dim}: vLLM's ROCM_ATTN serves head sizes {sizes} only, so it "
-            "would not serve this model"
-        )
+        raise InputError(unserved_head_size(head_dim, ROCM_ATTN_HEAD_SIZES))
 
 
 def check_cache_size(
@@ -159,13 +173,11 @@ def check_cache_size(
     """``--num-gpu-blocks`` of a plain decoder's cache larger than the GPU (any supported
     GPU when ``--gpu`` is not given), judged before vLLM is imported; ``plan`` checks
     every model again from vLLM's own reading of the config."""
-    section = attention_section(json.loads((model_dir / "config.json").read_text()))
-    if num_gpu_blocks is None or section.get("model_type") not in PLAIN_DECODERS:
+    if num_gpu_blocks is None or (plain := _plain_decoder(model_dir)) is None:
         return
-    # check_model_config has judged these counts (whole numbers of at least 1).
-    counts = [_count(section, k) for k in (HEAD_COUNT_KEYS, KV_HEAD_COUNT_KEYS, LAYER_COUNT_KEYS)]
-    heads, kv_heads, layers = (found[1] if found else None for found in counts)
-    head_dim = section.get("head_dim") or section.get("hidden_size", 0) // (heads or 1)
+    section, heads, head_dim = plain
+    counts = [_count(section, k) for k in (KV_HEAD_COUNT_KEYS, LAYER_COUNT_KEYS)]
+    kv_heads, layers = (found[1] if found else None for found in counts)
     if not (heads and layers and isinstance(head_dim, int)):
         return
     per_rank = max(1, (kv_heads or heads) // tensor_parallel_size)
