@@ -1,6 +1,6 @@
 # Sourced by scripts/plan and scripts/test: make sure $VENV (default ./.venv) exists and
 # holds vLLM 0.33.0 and this package with its test extras. Creates it when missing
-# (about 9 GB, ~5 minutes the first time); later runs only confirm what is installed.
+# (about 10 GB, ~5 minutes the first time); later runs only confirm what is installed.
 VENV="${VENV:-.venv}"
 if [ ! -x "$VENV/bin/python" ]; then
   echo "== creating $VENV" >&2
@@ -18,7 +18,13 @@ spec = u.find_spec('vllm_rocm_asm_decode.tools.cli')
 assert spec and os.path.realpath(spec.origin).startswith(os.path.realpath('src') + os.sep)
 " 2>/dev/null || [ pyproject.toml -nt "$VENV/.installed" ]; then
   echo "== installing vllm==0.33.0 and this package into $VENV" >&2
-  "$VENV/bin/python" -m pip install -q --upgrade pip >&2
-  "$VENV/bin/python" -m pip install -q "vllm==0.33.0" -e ".[test]" >&2
+  # No wheel cache: the venv alone is about 10 GB, and a cached copy of the wheels would
+  # add several more on the same disk. A failed install says how much room was left.
+  if ! { "$VENV/bin/python" -m pip install -q --no-cache-dir --upgrade pip >&2 &&
+    "$VENV/bin/python" -m pip install -q --no-cache-dir "vllm==0.33.0" -e ".[test]" >&2; }; then
+    echo "== the install into $VENV failed; it needs about 10 GB free, and its disk has" \
+      "$(df -Ph "$VENV" | awk 'NR == 2 {print $4}') free" >&2
+    exit 1
+  fi
   touch "$VENV/.installed"
 fi
