@@ -3,6 +3,7 @@ imported where the input can be judged without them; --help answers at once."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import re
@@ -1565,6 +1566,32 @@ def test_a_signal_inside_an_import_ends_the_command_at_once(tmp_path, signum, co
         "",
         f"vllm-rocm-asm-decode: {said}",
     )
+
+
+def test_a_ctrl_c_while_the_command_line_loads_is_its_one_line():
+    """The console script's guard (tools/console.py): a Ctrl-C that lands inside the
+    import of the command line itself, before main() takes Ctrl-C over, is the same
+    one line and exit 130, not a traceback."""
+    script = (
+        "import os, signal, sys\n"
+        "class CtrlC:  # presses Ctrl-C as the command line starts to load\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'vllm_rocm_asm_decode.tools.cli':\n"
+        "            os.kill(os.getpid(), signal.SIGINT)\n"
+        "sys.meta_path.insert(0, CtrlC())\n"
+        "from vllm_rocm_asm_decode.tools.console import main\n"
+        "sys.exit(main())\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script, "--version"], capture_output=True, text=True, timeout=60
+    )
+    assert (proc.returncode, proc.stdout, proc.stderr) == (
+        130,
+        "",
+        "vllm-rocm-asm-decode: interrupted\n",
+    )
+    (script,) = importlib.metadata.entry_points(group="console_scripts", name=cli.PROG)
+    assert script.value == "vllm_rocm_asm_decode.tools.console:main"
 
 
 @pytest.mark.skipif(not os.path.isfile("/proc/version"), reason="needs Linux's /proc")
