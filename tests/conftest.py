@@ -128,13 +128,22 @@ def kernels(monkeypatch):
     return log
 
 
+class _Messages(list):
+    """Log messages, with each one's level name at the same index of ``levels``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.levels: list[str] = []
+
+
 class _Records(logging.Handler):
     def __init__(self) -> None:
         super().__init__(logging.DEBUG)
-        self.messages: list[str] = []
+        self.messages = _Messages()
 
     def emit(self, record: logging.LogRecord) -> None:
         self.messages.append(record.getMessage())
+        self.messages.levels.append(record.levelname)
 
 
 @pytest.fixture

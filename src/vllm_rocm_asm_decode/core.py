@@ -40,7 +40,7 @@ def asm_decode_rejections(
     """Why pa_fwd_asm cannot decode this layer; empty when it can."""
     if impl.attn_type != AttentionType.DECODER:
         return ["not decoder self-attention"]
-    dtype, max_len = model.dtype, model.max_model_len
+    dtype, max_len, limit = model.dtype, model.max_model_len, ASM_MAX_MODEL_LEN
     key_cache, value_cache = PagedAttention.split_kv_cache(
         kv_cache.transpose(0, 1), impl.num_kv_heads, impl.head_size
     )
@@ -60,7 +60,7 @@ def asm_decode_rejections(
         (impl.sinks is None, "attention sinks"),
         (has_native_kv_cache_layout(key_cache, value_cache), "KV pages not dense"),
         (kv_cache.shape[0] * impl.num_kv_heads < 2**25, "scale tables >= 2 GiB"),
-        (max_len <= ASM_MAX_MODEL_LEN, f"max_model_len {max_len} > 40960"),
+        (max_len <= limit, f"max_model_len {max_len} > {limit}"),
     )
     return [reason for ok, reason in clauses if not ok]
 

@@ -197,8 +197,8 @@ def test_a_diverging_reload_of_allocated_shared_tables_sends_those_layers_to_hip
     captured graph; without graphs (--enforce-eager) it can fall back. The table keeps
     its scale, right for the layers that kept theirs
     (here the first, and the third whose V scale is the others' K scale): they keep asm.
-    One warning names the moved layer and says what to do; its eager steps run HIP. The
-    step after neither refills nor warns again."""
+    One error line names the moved layer; its eager steps run HIP. The step after
+    neither refills nor says it again."""
     from vllm.config import CUDAGraphMode
 
     from op_audit import OpRecorder
@@ -214,7 +214,12 @@ def test_a_diverging_reload_of_allocated_shared_tables_sends_those_layers_to_hip
     with OpRecorder() as ops:  # the step after: the reload is followed once
         model.builder.build(0, batch.common)
     assert not any("fill" in str(op) for op in ops.ops)
-    (line,) = [m for m in plugin_log if "left their shared asm scale tables" in m]
+    ((level, line),) = [
+        (level, m)
+        for m, level in zip(plugin_log, plugin_log.levels, strict=True)
+        if "left their shared asm scale tables" in m
+    ]
+    assert level == "ERROR"
     first, second, third = model.names
     assert f"KV scales of {second} left" in line and "they now use the HIP decode" in line
     assert harness.asm_layers(model.builder) == {first, third}

@@ -266,7 +266,7 @@ _STAGE_1_RELOAD = """\
             if self.vllm_config.compilation_config.cudagraph_mode.has_full_cudagraphs():
                 fix = "for such reloads, VLLM_ROCM_USE_AITER_MHA=0 or PIECEWISE graphs"
                 raise RuntimeError(f"{why} (CUDA graphs hold them); {fix}")
-            logger.warning("%s: they now use the HIP decode", why)
+            logger.error("%s: they now use the HIP decode", why)
         self._asm_scales = {x: t for x, t in self._asm_scales.items() if x not in stale}
         self._asm_filled = {x: now[x] for x in self._asm_scales}"""
 

@@ -119,16 +119,16 @@ def common(seq_lens, pages, query_lens=None, device="cpu"):
     lens, width = torch.tensor(seq_lens, dtype=torch.int32), max(map(len, pages))
     table = torch.tensor([p + [0] * (width - len(p)) for p in pages], dtype=torch.int32)
     n, tokens = len(seq_lens), sum(query_lens)
+    # On the device, copies: a capture zeroes query_start_loc and fills seq_lens with 1.
+    gpu = dict(query_start_loc=start, seq_lens=lens, block_table_tensor=table)
     return CommonAttentionMetadata(
-        query_start_loc=start.to(device, copy=True),  # a capture zeroes it
+        **{name: x.to(device, copy=True) for name, x in gpu.items()},
         query_start_loc_cpu=start,
-        seq_lens=lens.to(device, copy=True),  # a capture fills it with 1
         seq_lens_cpu_upper_bound=lens,
         num_reqs=n,
         num_actual_tokens=tokens,
         max_query_len=max(query_lens),
         max_seq_len=max(seq_lens),
-        block_table_tensor=table.to(device),
         slot_mapping=torch.full((tokens,), -1, device=device),
     )
 
@@ -216,6 +216,9 @@ def test_a_reload_that_parts_the_layers_of_a_table(tmp_path, gfx942, mode):
             model.builder.build(0, step)
     else:
         assert list(model.builder.build(0, step).asm_scales) == [model.attn]
+        with mock.patch.object(torch.Tensor, "fill_") as fill:  # settled: no refill
+            assert list(model.builder.build(0, step).asm_scales) == [model.attn]
+        assert not fill.called
     assert (k0 == model.attn._k_scale).all() and (v0 == model.attn._v_scale).all()
 
 
@@ -232,19 +235,36 @@ def test_the_builder_binds_all_layers_or_none(tmp_path, gfx942, aiter, scales, n
     model, step, _ = decode(tmp_path, dev="cpu", scales=scales)  # just above the cut
     metadata = model.builder.build(0, step)
     assert len(metadata.asm_scales) == n and metadata.use_asm_decode is bool(n)
+    other = type("Subclass", (type(model.builder),), {})  # another backend's builder
+    spec, names = model.builder.kv_cache_spec, model.builder.layer_names
+    other = other(spec, names, model.config, torch.device("cpu"))
+    assert not other.build(0, step).asm_scales
 
 
-def test_a_fused_output_quant_keeps_hip(tmp_path, monkeypatch):
-    model = Model(tmp_path, 40, 8, 2, "cpu", torch.half)
+@pytest.mark.parametrize("quant", [False, True], ids=["asm", "fused-output-quant"])
+def test_forward_calls_pa_fwd_asm_unless_it_quantizes(tmp_path, monkeypatch, quant):
+    model, k, v = (
+        Model(tmp_path, 40, 8, 2, "cpu", torch.half),
+        torch.ones(1),
+        torch.ones(1),
+    )
     monkeypatch.setattr(rocm_aiter_ops, "_MHA_ENABLED", False)  # HIP's metadata
     metadata = replace(model.builder.build(0, common([1], [[1]])), use_asm_decode=True)
-    metadata.asm_scales = {model.attn: (torch.ones(1), torch.ones(1))}
+    metadata.asm_scales = {model.attn: (k, v)}
     with (
         mock.patch.object(rocm_attn, "chunked_prefill_paged_decode") as hip,
         mock.patch.object(rocm_aiter_ops, "pa_fwd_asm") as asm,
     ):
-        model.run(torch.randn(1, 40, HEAD).half(), metadata, output_scale=torch.ones(1))
-    assert hip.call_count == 1 and asm.call_count == 0
+        model.run(
+            torch.randn(1, 40, HEAD).half(),
+            metadata,
+            output_scale=torch.ones(1) if quant else None,
+        )
+    assert (hip.call_count, asm.call_count) == (quant, not quant)
+    if not quant:  # the precision, the K and V tables, AITER's 5-D pages
+        kw = asm.call_args.kwargs
+        assert kw["high_precision"] == 2 and kw["K_QScale"] is k and kw["V_QScale"] is v
+        assert (kw["K"].shape, kw["V"].shape) == ((2, 8, 8, 16, 16), (2, 8, 1, 128, 16))
 
 
 def rule(path, head=HEAD, block=BLOCK, lbhnc=False, mi3xx=True, model=None, n=4, **kw):
