@@ -23,8 +23,8 @@ def _trust_this_aiter(monkeypatch):
 
 # These tests read stage 1's shared tables, their cap of four, its AITER gate and its
 # metadata's fields, which the plugin does not have (it gives such layers tables of their
-# own, admits an older AITER for caches it reads right, and binds its layers at load);
-# the in-tree session runs them.
+# own, admits an older AITER for caches it reads right, and has metadata of its own); the
+# in-tree session runs them.
 del test_a_reload_that_parts_the_layers_of_a_table  # noqa: F821
 del test_the_builder_binds_all_layers_or_none  # noqa: F821
 del test_forward_calls_pa_fwd_asm_unless_it_quantizes  # noqa: F821
