@@ -1568,6 +1568,67 @@ def test_a_signal_inside_an_import_ends_the_command_at_once(tmp_path, signum, co
     )
 
 
+SERVE = ["bench", "serve", "--model", "m", "--vllm", STAND_IN_VLLM]
+LOST_RESULTS = {  # each would have been found only when the run ends, its results lost
+    "link-to-nothing": (
+        ["check", "accuracy", "--json", "dangling"],
+        "check accuracy: error: --json dangling: is a link to {tmp}/gone/x; "
+        "{tmp}/gone does not exist",
+    ),
+    "plot-link-to-nothing": (
+        [*SERVE, "--plot", "dangling.png"],
+        "bench serve: error: --plot dangling.png: is a link to {tmp}/gone/x.png; "
+        "{tmp}/gone does not exist",
+    ),
+    "json-is-the-plot": (
+        ["bench", "kernel", "--json", "k.png", "--plot", "./k.png"],
+        "bench kernel: error: --json and --plot name the same file (./k.png); give each its own",
+    ),
+    "json-is-the-result-dir": (
+        [*SERVE, "--result-dir", "rd", "--json", "rd"],
+        "bench serve: error: --json rd is --result-dir; give a file name",
+    ),
+    "json-is-a-result-file": (
+        [*SERVE, "--result-dir", "rd", "--json", "rd/plugin-off-r0-c64.json"],
+        "bench serve: error: --json rd/plugin-off-r0-c64.json is a name bench serve gives "
+        "its own files in --result-dir (server-ARM-rN.log, ARM-rN-cN.json); give another",
+    ),
+    "result-dir-link-to-nothing": (
+        [*SERVE, "--result-dir", "ddir"],
+        "bench serve: error: --result-dir ddir cannot be made: it is a link to "
+        "{tmp}/gone/d, which does not exist",
+    ),
+}
+
+
+@pytest.mark.parametrize(("argv", "says"), LOST_RESULTS.values(), ids=LOST_RESULTS)
+def test_result_paths_a_run_would_lose_are_refused_before_it(
+    tmp_path, monkeypatch, capsys, argv, says
+):
+    monkeypatch.chdir(tmp_path)
+    for name, target in (("dangling", "x"), ("dangling.png", "x.png"), ("ddir", "d")):
+        (tmp_path / name).symlink_to(tmp_path / "gone" / target)
+    assert run(argv) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "vllm-rocm-asm-decode " + says.format(tmp=tmp_path)
+    ]
+    assert not (tmp_path / "gone").exists() and not (tmp_path / "rd").exists()
+
+
+def test_a_result_file_in_the_result_dir_the_run_makes_is_writable(tmp_path, monkeypatch):
+    """bench serve makes --result-dir first: a file straight in it is writable, one in a
+    directory under it that nothing makes is not; a link to a writable place is."""
+    from vllm_rocm_asm_decode.tools.validation.serve_bench import OWN_FILE
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "link.json").symlink_to(tmp_path / "made-by-the-write.json")
+    assert cli._result_files_problem("new/summary.json", None, ("new", OWN_FILE)) is None
+    assert cli._result_files_problem("link.json", None, ("new", OWN_FILE)) is None
+    assert cli._result_files_problem("new/sub/s.json", None, ("new", OWN_FILE)) == (
+        "--json new/sub/s.json: new/sub does not exist"
+    )
+
+
 def test_a_ctrl_c_while_the_command_line_loads_is_its_one_line():
     """The console script's guard (tools/console.py): a Ctrl-C that lands inside the
     import of the command line itself, before main() takes Ctrl-C over, is the same
@@ -1592,6 +1653,30 @@ def test_a_ctrl_c_while_the_command_line_loads_is_its_one_line():
     )
     (script,) = importlib.metadata.entry_points(group="console_scripts", name=cli.PROG)
     assert script.value == "vllm_rocm_asm_decode.tools.console:main"
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_a_signal_once_the_command_is_done_ends_it_with_its_own_status(signum):
+    """The console script: a Ctrl-C or SIGTERM while Python shuts down after the command
+    returned (torch's and vLLM's exit handlers take seconds) ends the process at once
+    with the command's status (doctor's 2 here), no word, no exit handler's traceback."""
+    script = (
+        "import atexit, os, sys, time\n"
+        "from vllm_rocm_asm_decode.tools import cli, console\n"
+        "cli.main = lambda: print('the answer') or 2\n"
+        "def exit_handler():  # a slow one, as torch's and vLLM's are\n"
+        f"    os.kill(os.getpid(), {int(signum)})\n"
+        "    time.sleep(30)\n"
+        "    print('not reached')\n"
+        "atexit.register(exit_handler)\n"
+        "sys.exit(console.main())\n"
+    )
+    started = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+    )
+    assert (proc.returncode, proc.stdout, proc.stderr) == (2, "the answer\n", "")
+    assert time.monotonic() - started < 20
 
 
 @pytest.mark.skipif(not os.path.isfile("/proc/version"), reason="needs Linux's /proc")

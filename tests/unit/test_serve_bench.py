@@ -539,11 +539,61 @@ def test_an_ipv6_host_is_served_and_benchmarked(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("signame", "status"), [("SIGINT", 130), ("SIGTERM", 143)])
-def test_a_second_ctrl_c_kills_a_slow_server_and_the_json_is_written(tmp_path, signame, status):
+def test_a_terminals_ctrl_c_reaches_the_command_not_the_benchmark_client(tmp_path):
+    """A terminal's Ctrl-C signals the whole foreground process group. The benchmark
+    client runs in a session of its own, so only bench serve takes it: it stops the
+    client quietly, then the server, and says one line; no traceback of the client's."""
+    import signal
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    port, result_dir = free_port(), tmp_path / "r"
+    env = dict(os.environ, FAKE_VLLM_BENCH_SECONDS="60")
+    code = "import sys\nfrom vllm_rocm_asm_decode.tools.cli import main\nsys.exit(main())\n"
+    argv = [
+        "bench", "serve", "--model", "m", "--vllm", FAKE_VLLM, "--port", str(port),
+        "--concurrency", "1", "--num-prompts", "1", "--result-dir", str(result_dir),
+    ]  # fmt: skip
+    cli = subprocess.Popen(
+        [sys.executable, "-c", code, *argv],
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group, as a shell's foreground job
+    )
+    watchdog = threading.Timer(120, lambda: os.killpg(cli.pid, signal.SIGKILL))
+    watchdog.start()
+    lines = []
+    try:
+        for line in cli.stderr:
+            lines.append(line)
+            if line.startswith("== plugin-off (repeat 0): asm decode off"):
+                time.sleep(1)  # the client is running its minute
+                os.killpg(cli.pid, signal.SIGINT)  # what the terminal's Ctrl-C does
+        cli.wait()
+    finally:
+        watchdog.cancel()
+    assert cli.returncode == 130, lines
+    assert "Traceback" not in "".join(lines) and "KeyboardInterrupt" not in "".join(lines)
+    assert lines[-1].strip() == (
+        "vllm-rocm-asm-decode bench serve: error: interrupted (nothing was measured)"
+    )
+    assert not sb.port_in_use("127.0.0.1", port)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("signame", "status", "said"),
+    [("SIGINT", 130, "interrupted"), ("SIGTERM", 143, "terminated (SIGTERM)")],
+)
+def test_a_second_ctrl_c_kills_a_slow_server_and_the_json_is_written(
+    tmp_path, signame, status, said
+):
     """The first Ctrl-C (mid-run) stops the server, which drains slowly; the second
     kills its process group at once. --json is written, exit 130, no traceback. SIGTERM
-    (timeout, systemd, Slurm) is taken the same way, exit 143."""
+    (timeout, systemd, Slurm) is taken the same way, exit 143, and named."""
     import signal
     import subprocess
     import sys
@@ -591,7 +641,7 @@ def test_a_second_ctrl_c_kills_a_slow_server_and_the_json_is_written(tmp_path, s
     assert cli.returncode == status, lines
     assert "Traceback" not in "".join(lines)
     assert lines[-1].strip() == (
-        "vllm-rocm-asm-decode bench serve: error: interrupted (nothing was measured)"
+        f"vllm-rocm-asm-decode bench serve: error: {said} (nothing was measured)"
     )
     data = json.loads(target.read_text())
     assert data["interrupted"] is True and data["results"] == []

@@ -615,7 +615,8 @@ def unwritable(path: str) -> str | None:
     """Why a result file cannot be written at ``path``, checked before a long run; None
     when it can: a name that is not a directory (nor ends in a separator), not too long
     for the file system, an existing regular file (or ``/dev/null``) that is writable,
-    or a new one in a writable directory."""
+    or a new one in a writable directory. A link to nothing is judged by where it
+    points, where the write makes its file."""
     if path.endswith(("/", os.sep)):
         return "ends in a path separator; give a file name"
     try:
@@ -624,6 +625,10 @@ def unwritable(path: str) -> str | None:
         info = None
     except OSError as exc:  # a name too long for the file system, a loop of links, ...
         return exc.strerror or str(exc)
+    if info is None and os.path.islink(path):
+        target = os.path.realpath(path)
+        why = unwritable(target)
+        return None if why is None else f"is a link to {target}; {why}"
     if info is not None:
         if stat.S_ISDIR(info.st_mode):
             return "is a directory"
@@ -697,6 +702,8 @@ def uncreatable_dir(path: str) -> str | None:
         if not os.access(path, os.W_OK | os.X_OK):
             return "is not writable"
         return _cannot_create_in(path)
+    if os.path.islink(path):  # mkdir does not follow a link, even one to nothing
+        return f"cannot be made: it is a link to {os.readlink(path)}, which does not exist"
     missing = []
     here = os.path.abspath(path)
     while True:
@@ -705,6 +712,9 @@ def uncreatable_dir(path: str) -> str | None:
         try:
             info = os.stat(here)
         except (FileNotFoundError, NotADirectoryError):
+            if os.path.islink(here):
+                target = os.readlink(here)
+                return f"cannot be made: {here} is a link to {target}, which does not exist"
             continue
         except OSError as exc:
             return f"cannot be made: {exc.strerror or exc}"

@@ -24,6 +24,7 @@ import errno
 import json
 import logging
 import os
+import re
 import signal
 import sys
 import threading
@@ -615,10 +616,8 @@ def _bench_serve(args: argparse.Namespace) -> int:
         problem = f"--vllm {args.vllm}: {why}"
     elif why := choices.uncreatable_dir(args.result_dir):
         problem = f"--result-dir {args.result_dir} {why}"
-    elif args.json and (why := choices.unwritable(args.json)):
-        problem = f"--json {args.json}: {why}"
-    elif plot := _plot_problem(args.plot):
-        problem = plot
+    elif why := _result_files_problem(args.json, args.plot, (args.result_dir, sb.OWN_FILE)):
+        problem = why
     elif bad := choices.plugin_settings_problem():
         problem = bad
     else:
@@ -673,7 +672,10 @@ def _bench_serve(args: argparse.Namespace) -> int:
             if outcome.results
             else "nothing was measured"
         )
-        print(f"{PROG} bench serve: error: {outcome.error} ({kept})", file=sys.stderr)
+        said = outcome.error
+        if outcome.interrupted and _sigterm_taken.is_set():
+            said = "terminated (SIGTERM)"
+        print(f"{PROG} bench serve: error: {said} ({kept})", file=sys.stderr)
         return 130 if outcome.interrupted else 1
     unconfirmed = [f"{a.arm} repeat {a.repeat}" for a in outcome.arms if not a.confirmed]
     if unconfirmed:
@@ -1073,27 +1075,45 @@ def _main(argv: list[str] | None) -> int:
     raise AssertionError(args.command)
 
 
-def _plot_problem(path: str | None) -> str | None:
-    """Why a ``--plot`` cannot be written after the run, said before it; None when it
-    can (or none was asked for): a .png name, writable, and matplotlib there."""
+def _result_files_problem(
+    json_path: str | None, plot_path: str | None, result_dir: tuple[str, re.Pattern] | None = None
+) -> str | None:
+    """Why ``--json`` or ``--plot`` cannot be written after the run, said before it; None
+    when both can (or neither was asked for): two different files, each writable, the
+    plot a .png with matplotlib there. With ``result_dir`` (bench serve's directory, and
+    the names of the files it writes there), neither is that directory or one of those
+    files, and a new file in it is writable once the run has made it."""
     from importlib.util import find_spec
 
-    if not path:
-        return None
-    if why := choices.not_png(path) or choices.unwritable(path):
-        return f"--plot {path}: {why}"
-    if find_spec("matplotlib") is None:
-        return f"--plot {path} needs matplotlib (pip install matplotlib)"
+    files = [(opt, path) for opt, path in (("--json", json_path), ("--plot", plot_path)) if path]
+    if len(files) == 2 and os.path.realpath(files[0][1]) == os.path.realpath(files[1][1]):
+        return f"--json and --plot name the same file ({plot_path}); give each its own"
+    for option, path in files:
+        if option == "--plot" and (why := choices.not_png(path)):
+            return f"--plot {path}: {why}"
+        if result_dir is not None:
+            real, (directory, own_files) = os.path.realpath(path), result_dir
+            if real == os.path.realpath(directory):
+                return f"{option} {path} is --result-dir; give a file name"
+            if os.path.dirname(real) == os.path.realpath(directory):
+                if own_files.fullmatch(os.path.basename(real)):
+                    return (
+                        f"{option} {path} is a name bench serve gives its own files in "
+                        "--result-dir (server-ARM-rN.log, ARM-rN-cN.json); give another"
+                    )
+                if not os.path.isdir(directory):
+                    continue  # the run makes it before it writes anything
+        if why := choices.unwritable(path):
+            return f"{option} {path}: {why}"
+    if plot_path and find_spec("matplotlib") is None:
+        return f"--plot {plot_path} needs matplotlib (pip install matplotlib)"
     return None
 
 
 def _bench_kernel(args: argparse.Namespace) -> int:
     from .validation import kernel_bench as kb
 
-    problem = None
-    if args.json and (why := choices.unwritable(args.json)):
-        problem = f"--json {args.json}: {why}"
-    problem = problem or _plot_problem(args.plot)
+    problem = _result_files_problem(args.json, args.plot)
     # --skew times one layout, --sweep walks the batch sizes of one: a second value of
     # what they hold fixed would be dropped unseen.
     if problem is None and (args.skew or args.sweep):

@@ -257,6 +257,11 @@ def result_name(arm: str, repeat: int, concurrency: int) -> str:
     return f"{arm}-r{repeat}-c{concurrency}.json"
 
 
+#: The names of the files a run writes in its --result-dir: vLLM's result of each arm,
+#: repeat and concurrency (:func:`result_name`), and each server's log.
+OWN_FILE = re.compile(r"[^/]+-r\d+-c\d+\.json|server-[^/]+-r\d+\.log")
+
+
 def bench_command(cfg: ServeConfig, concurrency: int, num_prompts: int, name: str) -> list[str]:
     if cfg.dataset == "sharegpt":
         dataset = ["--dataset-name", "sharegpt", "--dataset-path", str(cfg.dataset_path)]
@@ -587,7 +592,23 @@ class Outcome:
 
 
 def run_bench_client(cmd: list[str]) -> int:
-    return subprocess.run(cmd, check=False).returncode
+    """``vllm bench serve`` in a session of its own, so that a Ctrl-C at the terminal
+    reaches this command alone: interrupted, it stops the client first, quietly
+    (SIGTERM, then SIGKILL after 10 s or at a second Ctrl-C), where the terminal's
+    SIGINT would have the client print its own traceback of it."""
+    proc = subprocess.Popen(cmd, start_new_session=True)
+    try:
+        return proc.wait()
+    finally:
+        if proc.returncode is None:
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+                proc.wait(timeout=10)
+            except (ProcessLookupError, subprocess.TimeoutExpired, KeyboardInterrupt):
+                pass
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
 
 
 def run_ab(
