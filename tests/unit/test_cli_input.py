@@ -209,6 +209,20 @@ CASES = {
         "bench kernel: error: --sweep takes one --contexts value, not 2",
     ),
     "huge-seed": (["check", "accuracy", "--seeds", "99999999999999999999"], "at most"),
+    "aiter-version-empty": (
+        ["plan", "--model", "qwen3-8b", "--aiter-version", ""],
+        "'' is not a version (e.g. 0.1.22), 'installed' or 'unknown'",
+    ),
+    # A list given twice: argparse would keep the second alone, unseen.
+    "heads-option-twice": (
+        ["check", "accuracy", "--heads", "40/8", "--heads", "32/8"],
+        "check accuracy: error: argument --heads: given twice; give its values once, "
+        "comma-separated (Q/KV,...)",
+    ),
+    "concurrency-option-twice": (
+        ["bench", "serve", "--model", "m", "--concurrency", "1", "--concurrency=64"],
+        "argument --concurrency: given twice",
+    ),
     "accuracy-json-empty": (["check", "accuracy", "--json", ""], "must not be empty"),
     "kernel-precision": (["bench", "kernel", "--precision", "fast"], "'fast': use uhp or default"),
     "kernel-json-unwritable": (

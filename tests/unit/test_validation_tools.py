@@ -249,3 +249,12 @@ def test_the_shipped_uhp_kernels_load_each_page_at_a_64_bit_address():
     assert len(rows) == 4 and all(r[2:6] == ["80", "0", "48", "0"] for r in rows), fixed.stdout
     rows = [line.split() for line in old.stdout.splitlines()[1:]]
     assert len(rows) == 4 and all(r[2:6] == ["0", "80", "0", "58"] for r in rows), old.stdout
+
+
+def test_the_accuracy_summary_gives_a_range_only_where_the_runs_differ():
+    from vllm_rocm_asm_decode.tools.validation.accuracy import Measurement, render
+
+    one = [Measurement(40, 8, 0, "bf16", "asm", 0.0039, 0.00021)]
+    two = [*one, Measurement(40, 8, 1, "bf16", "asm", 0.0051, 0.00021)]
+    assert render(one).splitlines()[-1] == "asm: max 0.0039 / mean 0.00021"
+    assert render(two).splitlines()[-1] == "asm: max 0.0039-0.0051 / mean 0.00021"

@@ -357,7 +357,7 @@ def aiter_version(text: str) -> str | None:
         Version(text)
     except InvalidVersion:
         raise argparse.ArgumentTypeError(
-            f"{text!r} is not a version (e.g. 0.1.22) or 'unknown'"
+            f"{text!r} is not a version (e.g. 0.1.22), 'installed' or 'unknown'"
         ) from None
     return text.strip()
 

@@ -42,6 +42,25 @@ EXIT_TERMINATED = 143
 HEAVY = ("plan", "doctor", "bench kernel", "check accuracy")
 
 
+class _ListOnce(argparse.Action):
+    """A comma-separated list option: given twice, a usage error, where argparse would
+    let the second list replace the first unseen (``--heads 40/8 --heads 32/8``)."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        given = namespace.__dict__.setdefault(_LISTS_GIVEN, set())
+        if self.dest in given:
+            parser.error(
+                f"argument {option_string}: given twice; give its values once, "
+                f"comma-separated ({self.metavar})"
+            )
+        given.add(self.dest)
+        setattr(namespace, self.dest, values)
+
+
+#: Where :class:`_ListOnce` notes the lists given during one parse (removed after it).
+_LISTS_GIVEN = "_lists_given"
+
+
 class _Parser(argparse.ArgumentParser):
     """Usage errors as one line on stderr, exit status 2; no abbreviated options (an
     abbreviation would slip past the ``--serve-arg`` handling)."""
@@ -52,6 +71,11 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> None:  # type: ignore[override]
         self.exit(2, f"{self.prog}: error: {message}\n")
+
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+        parsed, rest = super().parse_known_args(args, namespace)
+        parsed.__dict__.pop(_LISTS_GIVEN, None)
+        return parsed, rest
 
     def _print_message(self, message: str, file=None) -> None:
         """argparse's, except that a failed write to stdout (``--help | true``) is not
@@ -254,13 +278,19 @@ def _documented_parser(sub, name: str, help: str, module: str) -> argparse.Argum
 
 def _add_layout_options(p: argparse.ArgumentParser, heads_help: str, contexts_help: str) -> None:
     p.add_argument(
-        "--heads", type=choices.layouts, default=None, metavar="Q/KV,...", help=heads_help
+        "--heads",
+        type=choices.layouts,
+        default=None,
+        metavar="Q/KV,...",
+        help=heads_help,
+        action=_ListOnce,
     )
     p.add_argument(
         "--contexts",
         type=choices.contexts,
         default=None,
         metavar="N,...",
+        action=_ListOnce,
         help=contexts_help + f"; at most {choices.MAX_CONTEXT}",
     )
 
@@ -295,6 +325,7 @@ def _add_bench_serve(bench) -> None:
         type=choices.distinct_positive_ints,
         default=list(sb.DEFAULT_CONCURRENCIES),
         metavar="C,C,...",
+        action=_ListOnce,
         help="--max-concurrency values (default 1,8,16,64,128)",
     )
     p.add_argument(
@@ -302,6 +333,7 @@ def _add_bench_serve(bench) -> None:
         type=choices.positive_ints,
         default=list(sb.DEFAULT_NUM_PROMPTS),
         metavar="N,N,...",
+        action=_ListOnce,
         help="prompts per concurrency (default 8,32,64,256,256)",
     )
     p.add_argument(
@@ -418,6 +450,7 @@ def _add_bench_kernel(bench) -> None:
         type=choices.distinct_positive_ints,
         default=None,
         metavar="N,...",
+        action=_ListOnce,
         help="batch sizes (default 16,64,256; 24,64,256 for 32/8)",
     )
     p.add_argument(
@@ -480,6 +513,7 @@ def _add_check_passkey(check) -> None:
         type=choices.passkey_lengths,
         default=[3000, 8000, 16000, 32000],
         metavar="N,...",
+        action=_ListOnce,
         help=f"target prompt lengths in tokens, each {choices.MIN_PASSKEY_LENGTH} to "
         f"{choices.MAX_CONTEXT} (default 3000,8000,16000,32000)",
     )
@@ -524,7 +558,12 @@ def _add_check_accuracy(check) -> None:
         "context lengths sampled (default 1,15,16,17,255,1000,4000)",
     )
     p.add_argument(
-        "--seeds", type=choices.seeds, default=None, metavar="N,...", help="seeds (default 0,1,2)"
+        "--seeds",
+        type=choices.seeds,
+        default=None,
+        metavar="N,...",
+        help="seeds (default 0,1,2)",
+        action=_ListOnce,
     )
     p.add_argument(
         "--json", type=choices.nonempty, metavar="PATH", help="write every measurement as JSON"

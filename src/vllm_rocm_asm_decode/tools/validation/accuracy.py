@@ -220,8 +220,14 @@ def render(rows: Sequence[Measurement]) -> str:
     for path in dict.fromkeys(r.path for r in rows):
         mx = [r.max_abs for r in rows if r.path == path]
         mn = [r.mean_abs for r in rows if r.path == path]
-        lines.append(f"{path}: max {min(mx):.4f}-{max(mx):.4f} / mean {min(mn):.5f}-{max(mn):.5f}")
+        lines.append(f"{path}: max {_span(mx, '.4f')} / mean {_span(mn, '.5f')}")
     return "\n".join(lines)
+
+
+def _span(values: list[float], spec: str) -> str:
+    """``low-high`` of ``values`` as printed, or one number where they print alike."""
+    low, high = format(min(values), spec), format(max(values), spec)
+    return low if low == high else f"{low}-{high}"
 
 
 def main(args: argparse.Namespace) -> int:
