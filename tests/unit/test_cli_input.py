@@ -1612,6 +1612,19 @@ LOST_RESULTS = {  # each would have been found only when the run ends, its resul
         "bench serve: error: --result-dir ddir cannot be made: it is a link to "
         "{tmp}/gone/d, which does not exist",
     ),
+    "result-dir-link-to-nothing-slash": (
+        [*SERVE, "--result-dir", "ddir/"],
+        "bench serve: error: --result-dir ddir/ cannot be made: it is a link to "
+        "{tmp}/gone/d, which does not exist",
+    ),
+    "json-and-plot-hard-linked": (
+        [*SERVE, "--json", "h.png", "--plot", "h2.png"],
+        "bench serve: error: --json and --plot name the same file (h2.png); give each its own",
+    ),
+    "json-through-a-dir-nothing-makes": (  # the system reads rd/x/.. only if rd/x exists
+        [*SERVE, "--result-dir", "rd", "--json", "rd/x/../new.json"],
+        "bench serve: error: --json rd/x/../new.json: rd/x/.. does not exist",
+    ),
 }
 
 
@@ -1622,6 +1635,8 @@ def test_result_paths_a_run_would_lose_are_refused_before_it(
     monkeypatch.chdir(tmp_path)
     for name, target in (("dangling", "x"), ("dangling.png", "x.png"), ("ddir", "d")):
         (tmp_path / name).symlink_to(tmp_path / "gone" / target)
+    (tmp_path / "h.png").touch()
+    (tmp_path / "h2.png").hardlink_to(tmp_path / "h.png")
     assert run(argv) == 2
     assert capsys.readouterr().err.splitlines() == [
         "vllm-rocm-asm-decode " + says.format(tmp=tmp_path)

@@ -702,8 +702,9 @@ def uncreatable_dir(path: str) -> str | None:
         if not os.access(path, os.W_OK | os.X_OK):
             return "is not writable"
         return _cannot_create_in(path)
-    if os.path.islink(path):  # mkdir does not follow a link, even one to nothing
-        return f"cannot be made: it is a link to {os.readlink(path)}, which does not exist"
+    bare = os.path.normpath(path)  # "link/" and "link/." name the link too
+    if os.path.islink(bare):  # mkdir does not follow a link, even one to nothing
+        return f"cannot be made: it is a link to {os.readlink(bare)}, which does not exist"
     missing = []
     here = os.path.abspath(path)
     while True:

@@ -1123,9 +1123,10 @@ def _result_files_problem(
     the names of the files it writes there), neither is that directory or one of those
     files, and a new file in it is writable once the run has made it."""
     from importlib.util import find_spec
+    from pathlib import PurePath
 
     files = [(opt, path) for opt, path in (("--json", json_path), ("--plot", plot_path)) if path]
-    if len(files) == 2 and os.path.realpath(files[0][1]) == os.path.realpath(files[1][1]):
+    if len(files) == 2 and _same_file(files[0][1], files[1][1]):
         return f"--json and --plot name the same file ({plot_path}); give each its own"
     for option, path in files:
         if option == "--plot" and (why := choices.not_png(path)):
@@ -1140,13 +1141,27 @@ def _result_files_problem(
                         f"{option} {path} is a name bench serve gives its own files in "
                         "--result-dir (server-ARM-rN.log, ARM-rN-cN.json); give another"
                     )
-                if not os.path.isdir(directory):
-                    continue  # the run makes it before it writes anything
+                here = PurePath(os.getcwd())  # ".." kept, as the system reads it
+                if not os.path.isdir(directory) and (
+                    here / os.path.dirname(path) == here / directory
+                ):
+                    continue  # straight in it: the run makes it before it writes anything
         if why := choices.unwritable(path):
             return f"{option} {path}: {why}"
     if plot_path and find_spec("matplotlib") is None:
         return f"--plot {plot_path} needs matplotlib (pip install matplotlib)"
     return None
+
+
+def _same_file(a: str, b: str) -> bool:
+    """Whether two result paths name one file: the same path once links and ".." are
+    resolved, or two names (hard links) of one existing file."""
+    if os.path.realpath(a) == os.path.realpath(b):
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them is not there yet
+        return False
 
 
 def _bench_kernel(args: argparse.Namespace) -> int:

@@ -409,8 +409,8 @@ class Server:
             try:
                 if note is not None and step == 0:
                     note(
-                        f"== stopping the {self.arm} server (Ctrl-C again kills it at once; "
-                        f"SIGTERM after {wait:g} s)"
+                        f"== stopping the {self.arm} server (a second Ctrl-C or SIGTERM kills "
+                        f"it at once; else this command sends SIGTERM after {wait:g} s)"
                     )
                 os.killpg(self.proc.pid, sig)
                 self.proc.wait(timeout=wait)
