@@ -1708,6 +1708,36 @@ def test_a_signal_once_the_command_is_done_ends_it_with_its_own_status(signum):
     assert time.monotonic() - started < 20
 
 
+def test_the_console_script_ends_after_every_exit_handler_the_command_brought():
+    """The console script ends the process itself once the exit handlers ran: those
+    registered while the command ran (a temporary directory's finalizer, logging's
+    flush to a file, as torch and vLLM bring) still run, and the status is the
+    command's."""
+    script = (
+        "import logging, sys, tempfile\n"
+        "from vllm_rocm_asm_decode.tools import cli, console\n"
+        "def command():\n"
+        "    global kept\n"
+        "    kept = tempfile.TemporaryDirectory()\n"
+        "    log = logging.getLogger('x')\n"
+        "    log.addHandler(logging.FileHandler(kept.name + '.log', delay=True))\n"
+        "    log.warning('flushed at exit')\n"
+        "    print(kept.name)\n"
+        "    return 3\n"
+        "cli.main = command\n"
+        "sys.exit(console.main())\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+    )
+    assert (proc.returncode, proc.stderr) == (3, "")
+    kept = Path(proc.stdout.strip())
+    assert not kept.exists()  # the finalizer ran
+    log = kept.with_name(kept.name + ".log")
+    assert log.read_text() == "flushed at exit\n"
+    log.unlink()
+
+
 @pytest.mark.skipif(not os.path.isfile("/proc/version"), reason="needs Linux's /proc")
 def test_an_existing_kernel_file_is_no_result_file():
     """Root may open /proc/version for writing; the write fails at the end of the run."""
