@@ -60,7 +60,7 @@ def test_in_tree_suite(stage):
     passed = {name.split("::")[0].rsplit(".", 1)[-1] for name in cases if name not in others}
     assert passed == modules | {"test_rocm_attn_aiter_asm_decode"}, tail
     written = [name for name in cases if "test_rocm_attn_aiter_asm_decode" in name]
-    # The rule's, the step's and the builder's 14 tests run here (the builder's on the
+    # The rule's, the step's, the builder's and forward's 15 tests run here (the builder's on the
     # CPU; stage 3 has no cap of four tables to test); the 11 kernel tests skip without
     # AITER on an AMD GPU.
     cpu = 15 - (stage >= 3)
