@@ -711,9 +711,7 @@ def _bench_serve(args: argparse.Namespace) -> int:
             if outcome.results
             else "nothing was measured"
         )
-        said = outcome.error
-        if outcome.interrupted and _sigterm_taken.is_set():
-            said = "terminated (SIGTERM)"
+        said = _stopped_by(_sigterm_taken.is_set()) if outcome.interrupted else outcome.error
         print(f"{PROG} bench serve: error: {said} ({kept})", file=sys.stderr)
         return 130 if outcome.interrupted else 1
     unconfirmed = [f"{a.arm} repeat {a.repeat}" for a in outcome.arms if not a.confirmed]
@@ -994,9 +992,13 @@ def main(argv: list[str] | None = None) -> int:
 def _interrupted(terminated: bool) -> int:
     """The one line and exit status of a Ctrl-C (130) or a SIGTERM (143)."""
     # On a terminal the ^C (or a loading note) ends the line first.
-    said = "terminated (SIGTERM)" if terminated else "interrupted"
-    _complain(("\n" if sys.stderr.isatty() else "") + f"{PROG}: {said}")
+    _complain(("\n" if sys.stderr.isatty() else "") + f"{PROG}: {_stopped_by(terminated)}")
     return EXIT_TERMINATED if terminated else 130
+
+
+def _stopped_by(terminated: bool) -> str:
+    """What a command stopped by a SIGTERM, or else by a Ctrl-C, says it was."""
+    return "terminated (SIGTERM)" if terminated else "interrupted"
 
 
 def _drop(stream) -> None:
@@ -1132,10 +1134,10 @@ def _result_files_problem(
         if option == "--plot" and (why := choices.not_png(path)):
             return f"--plot {path}: {why}"
         if result_dir is not None:
-            real, (directory, own_files) = os.path.realpath(path), result_dir
-            if real == os.path.realpath(directory):
+            (directory, own_files), real = result_dir, os.path.realpath(path)
+            if real == (real_dir := os.path.realpath(directory)):
                 return f"{option} {path} is --result-dir; give a file name"
-            if os.path.dirname(real) == os.path.realpath(directory):
+            if os.path.dirname(real) == real_dir:
                 if own_files.fullmatch(os.path.basename(real)):
                     return (
                         f"{option} {path} is a name bench serve gives its own files in "

@@ -395,35 +395,53 @@ class Server:
 
     def stop(self, note: Callable[[str], None] | None = None) -> bool:
         """Stop the server's process group: SIGINT, then SIGTERM, then SIGKILL, each
-        given its time. A Ctrl-C while it waits skips to SIGKILL (the user wants out).
-        Whatever is left of the group once the server is gone (workers it started) is
-        killed too. Returns whether a Ctrl-C came meanwhile; never raises one."""
+        given its time (:func:`stop_process_group`). Returns whether a Ctrl-C came
+        meanwhile; never raises one."""
         if self.proc is None:
             return False
-        interrupted = False
-        steps = ((signal.SIGINT, self.cfg.stop_timeout), (signal.SIGTERM, 10.0))
-        steps += ((signal.SIGKILL, 10.0),)
-        step = 0
-        while step < len(steps) and self.proc.poll() is None:
-            sig, wait = steps[step]
-            try:
-                if note is not None and step == 0:
-                    note(
-                        f"== stopping the {self.arm} server (a second Ctrl-C or SIGTERM kills "
-                        f"it at once; else this command sends SIGTERM after {wait:g} s)"
-                    )
-                os.killpg(self.proc.pid, sig)
-                self.proc.wait(timeout=wait)
-            except (ProcessLookupError, PermissionError):
-                break
-            except subprocess.TimeoutExpired:
-                step += 1
-            except KeyboardInterrupt:
-                interrupted = True
-                step = len(steps) - 1
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        return interrupted
+        wait = self.cfg.stop_timeout
+
+        def announce() -> None:
+            if note is not None:
+                note(
+                    f"== stopping the {self.arm} server (a second Ctrl-C or SIGTERM kills "
+                    f"it at once; else this command sends SIGTERM after {wait:g} s)"
+                )
+
+        steps = ((signal.SIGINT, wait), (signal.SIGTERM, 10.0))
+        return stop_process_group(self.proc, steps, announce)
+
+
+def stop_process_group(
+    proc: subprocess.Popen,
+    steps: Sequence[tuple[int, float]],
+    announce: Callable[[], None] = lambda: None,
+) -> bool:
+    """Stop ``proc``'s process group: each signal of ``steps`` given its seconds, then
+    SIGKILL; ``announce`` first, if it is still running. A Ctrl-C while it waits skips
+    to SIGKILL (the user wants out). Whatever is left of the group once ``proc`` is gone
+    (workers it started) is killed too. Returns whether a Ctrl-C came meanwhile; never
+    raises one."""
+    interrupted = False
+    steps = (*steps, (signal.SIGKILL, 10.0))
+    step = 0
+    while step < len(steps) and proc.poll() is None:
+        sig, wait = steps[step]
+        try:
+            if step == 0:
+                announce()
+            os.killpg(proc.pid, sig)
+            proc.wait(timeout=wait)
+        except (ProcessLookupError, PermissionError):
+            break
+        except subprocess.TimeoutExpired:
+            step += 1
+        except KeyboardInterrupt:
+            interrupted = True
+            step = len(steps) - 1
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    return interrupted
 
 
 @dataclass
@@ -601,13 +619,7 @@ def run_bench_client(cmd: list[str]) -> int:
         return proc.wait()
     finally:
         if proc.returncode is None:
-            try:
-                os.killpg(proc.pid, signal.SIGTERM)
-                proc.wait(timeout=10)
-            except (ProcessLookupError, subprocess.TimeoutExpired, KeyboardInterrupt):
-                pass
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
+            stop_process_group(proc, ((signal.SIGTERM, 10.0),))
             proc.wait()
 
 
