@@ -27,4 +27,3 @@ def _trust_this_aiter(monkeypatch):
 # in-tree session runs them.
 del test_a_reload_that_parts_the_layers_of_a_table  # noqa: F821
 del test_the_builder_binds_all_layers_or_none  # noqa: F821
-del test_forward_calls_pa_fwd_asm_unless_it_quantizes  # noqa: F821

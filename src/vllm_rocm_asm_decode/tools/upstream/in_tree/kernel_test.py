@@ -234,43 +234,28 @@ BINDS = {  # AITER's version, each layer's K and V scales: how many layers run a
 @pytest.mark.parametrize(("aiter", "scales", "n"), BINDS.values(), ids=BINDS)
 def test_the_builder_binds_all_layers_or_none(tmp_path, gfx942, aiter, scales, n):
     gfx942.__version__ = aiter
-    model, step, _ = decode(tmp_path, dev="cpu", scales=scales)  # just above the cut
+    model, step, query = decode(tmp_path, dev="cpu", scales=scales)  # above the cut
     metadata = model.builder.build(0, step)
     assert len(metadata.asm_scales) == n and metadata.use_asm_decode is bool(n)
     for x, (k, v) in metadata.asm_scales.items():  # each layer's own K and V scale
         assert (k == x._k_scale).all() and (v == x._v_scale).all()
+    with (
+        mock.patch.object(rocm_attn, "chunked_prefill_paged_decode") as hip,
+        mock.patch.object(rocm_aiter_ops, "pa_fwd_asm") as asm,
+    ):
+        model.run(query, metadata)  # then with a fused output quant: HIP's
+        model.run(query, metadata, output_scale=torch.ones(1))
+    assert (asm.call_count, hip.call_count) == (bool(n), 2 - bool(n))
+    if n:  # the precision, layer 0's own K and V tables, AITER's 5-D pages
+        kw, (k, v) = asm.call_args.kwargs, metadata.asm_scales[model.attn]
+        assert kw["high_precision"] == 2 and kw["K_QScale"] is k and kw["V_QScale"] is v
+        assert [kw[x].shape[1:] for x in "KV"] == [(8, 8, 16, 16), (8, 1, 128, 16)]
     below = common([16] * 15, [[1]] * 15)  # 15 x 40 query heads <= 2 x 304 CUs
     assert not model.builder.build(0, below).use_asm_decode
     other = type("Subclass", (type(model.builder),), {})  # another backend's builder
     spec, names = model.builder.kv_cache_spec, model.builder.layer_names
     other = other(spec, names, model.config, torch.device("cpu"))
     assert not other.build(0, step).asm_scales
-
-
-@pytest.mark.parametrize("quant", [False, True], ids=["asm", "fused-output-quant"])
-def test_forward_calls_pa_fwd_asm_unless_it_quantizes(tmp_path, monkeypatch, quant):
-    model, k, v = (
-        Model(tmp_path, 40, 8, 2, "cpu", torch.half),
-        torch.ones(1),
-        torch.ones(1),
-    )
-    monkeypatch.setattr(rocm_aiter_ops, "_MHA_ENABLED", False)  # HIP's metadata
-    metadata = replace(model.builder.build(0, common([1], [[1]])), use_asm_decode=True)
-    metadata.asm_scales = {model.attn: (k, v)}
-    with (
-        mock.patch.object(rocm_attn, "chunked_prefill_paged_decode") as hip,
-        mock.patch.object(rocm_aiter_ops, "pa_fwd_asm") as asm,
-    ):
-        model.run(
-            torch.randn(1, 40, HEAD).half(),
-            metadata,
-            output_scale=torch.ones(1) if quant else None,
-        )
-    assert (hip.call_count, asm.call_count) == (quant, not quant)
-    if not quant:  # the precision, the K and V tables, AITER's 5-D pages
-        kw = asm.call_args.kwargs
-        assert kw["high_precision"] == 2 and kw["K_QScale"] is k and kw["V_QScale"] is v
-        assert (kw["K"].shape, kw["V"].shape) == ((2, 8, 8, 16, 16), (2, 8, 1, 128, 16))
 
 
 def rule(path, head=HEAD, block=BLOCK, lbhnc=False, mi3xx=True, model=None, n=4, **kw):
