@@ -138,7 +138,7 @@ def test_stage_1_is_about_a_hundred_lines_inside_rocm_attn_py(tree):
     assert text.count("logger.info") == 2 and text.count("logger.debug_once") == 1
     assert text.count("logger.debug(") == 1
     # Its test file: the review's aim was ~200 lines (docs/upstream.md says what is in it).
-    assert len(files[upstream.KERNEL_TEST].splitlines()) <= 312
+    assert len(files[upstream.KERNEL_TEST].splitlines()) <= 300
 
 
 def test_a_file_where_a_directory_goes_stops_check_and_apply_alike(tree, capsys):
@@ -678,7 +678,7 @@ def test_the_pull_request_texts_are_short_shipped_and_in_the_docs(stage):
         )
         facts += (f"AITER {at_least} 0.1.17", "issue 3062", f"1{dash}16 unchanged")
         facts += ("0.9239 \u2192 0.9213", "default precision", "40960", "cudagraph_mode=FULL")
-        facts += ("output_scale", "two at least", "gqa8", "13 passed, 11 skipped")
+        facts += ("output_scale", "two at least", "gqa8", "9 passed, 11 skipped")
         facts += ("Not a duplicate", "AI-assisted", "max_page_id")
         flat = " ".join(text.split())  # as a reader reads it, whatever the wrapping
         for fact in facts:

@@ -18,10 +18,11 @@ from vllm.model_executor.model_loader.reload import record_metadata_for_reloadin
 from vllm.model_executor.model_loader.reload.inplace import reload_weights
 from vllm.model_executor.model_loader.utils import process_weights_after_loading
 from vllm.platforms import current_platform
+from vllm.utils.math_utils import cdiv
 from vllm.v1.attention.backend import CommonAttentionMetadata
 from vllm.v1.attention.backends import rocm_attn
 from vllm.v1.attention.backends.registry import AttentionBackendEnum
-from vllm_rocm_asm_decode.core import asm_decode_rejections, use_asm_decode
+from vllm_rocm_asm_decode.core import asm_decode_rejections
 
 DEVICE, HEAD, BLOCK, PAD = "cuda", 128, 16, 8
 CONTEXTS = [1, 15, 16, 17, 255, 1000, 4000]
@@ -49,15 +50,18 @@ def _aiter_on_seeded(monkeypatch):
 
 @pytest.fixture
 def gfx942(monkeypatch):
-    """The builder's host logic on the CPU: gfx942, 304 CUs, AITER 0.1.17."""
-    rocm = sys.modules.get("vllm.platforms.rocm", SimpleNamespace())  # ROCm's only
+    """The builder's host logic on the CPU: gfx942, 304 CUs, AITER 0.1.17; the HIP and
+    asm decodes mocked."""
+    rocm = sys.modules.get("vllm.platforms.rocm", SimpleNamespace())  # imports on ROCm
     monkeypatch.setitem(sys.modules, "vllm.platforms.rocm", rocm)
     monkeypatch.setattr(rocm, "on_mi3xx", lambda: True, raising=False)
     version = SimpleNamespace(__version__="0.1.17")
     monkeypatch.setitem(sys.modules, "aiter._version", version)
     monkeypatch.setattr(current_platform, "num_compute_units", lambda i=0: 304)
     monkeypatch.setattr(rocm_aiter_ops, "is_mha_enabled", lambda: True)
-    return version
+    monkeypatch.setattr(rocm_attn, "chunked_prefill_paged_decode", hip := mock.Mock())
+    monkeypatch.setattr(rocm_aiter_ops, "pa_fwd_asm", asm := mock.Mock())
+    return version, hip, asm
 
 
 def llama(path, heads=40, kvh=8, **kw):
@@ -101,15 +105,14 @@ class Model(torch.nn.Module):
         builder = self.attn.attn_backend.get_builder_cls()
         self.builder = builder(spec, names, self.config, torch.device(dev))
 
-    def load_weights(self, weights):
+    def load_weights(self, weights):  # as a model's: each through its loader
         for name, tensor in weights:
             self.get_parameter(name).weight_loader(self.get_parameter(name), tensor)
-        return {name for name, _ in weights}
 
-    def run(self, query, meta, out=None, **kw):  # NaN for vLLM's torch.empty
+    def run(self, query, meta, out=None, layer=0, **kw):  # NaN for vLLM's torch.empty
         out = torch.full_like(query, torch.nan) if out is None else out
-        kv, cache = query[:, : self.attn.num_kv_heads], self.attn.kv_cache  # unread
-        self.attn.impl.forward(self.attn, query, kv, kv, cache, meta, out, **kw)
+        attn, kv = self.layers[layer], query[:, : self.attn.num_kv_heads]  # unread
+        attn.impl.forward(attn, query, kv, kv, attn.kv_cache, meta, out, **kw)
         return out
 
 
@@ -121,16 +124,11 @@ def common(seq_lens, pages, query_lens=None, device="cpu"):
     n, tokens = len(seq_lens), sum(query_lens)
     # On the device, copies: a capture zeroes query_start_loc and fills seq_lens with 1.
     gpu = dict(query_start_loc=start, seq_lens=lens, block_table_tensor=table)
-    return CommonAttentionMetadata(
-        **{name: x.to(device, copy=True) for name, x in gpu.items()},
-        query_start_loc_cpu=start,
-        seq_lens_cpu_upper_bound=lens,
-        num_reqs=n,
-        num_actual_tokens=tokens,
-        max_query_len=max(query_lens),
-        max_seq_len=max(seq_lens),
-        slot_mapping=torch.full((tokens,), -1, device=device),
-    )
+    gpu |= dict(slot_mapping=torch.full((tokens,), -1))  # no KV written
+    host = dict(query_start_loc_cpu=start, seq_lens_cpu_upper_bound=lens, num_reqs=n)
+    host |= dict(num_actual_tokens=tokens, max_query_len=max(query_lens))
+    gpu = {name: x.to(device, copy=True) for name, x in gpu.items()}
+    return CommonAttentionMetadata(**gpu, **host, max_seq_len=max(seq_lens))
 
 
 def decode(path, heads=40, kvh=8, dev=None, dtype=torch.bfloat16, **kw):
@@ -138,9 +136,9 @@ def decode(path, heads=40, kvh=8, dev=None, dtype=torch.bfloat16, **kw):
     dev = dev or DEVICE
     n = 2 * current_platform.num_compute_units() // heads + 1
     seq_lens = [CONTEXTS[i % len(CONTEXTS)] for i in range(n)] + [0] * PAD
-    free = (torch.randperm(sum(-(-s // BLOCK) for s in seq_lens)) + 1).tolist()
+    free = (torch.randperm(sum(cdiv(s, BLOCK) for s in seq_lens)) + 1).tolist()
     model = Model(path, heads, kvh, len(free) + 1, dev, dtype, **kw)
-    pages = [[free.pop() for _ in range(-(-s // BLOCK))] for s in seq_lens]
+    pages = [[free.pop() for _ in range(cdiv(s, BLOCK))] for s in seq_lens]
     qkv = torch.randn(n + PAD, heads + 2 * kvh, HEAD, dtype=dtype, device=dev)
     return model, common(seq_lens, pages, device=dev), qkv[:, :heads]  # as vLLM's
 
@@ -206,7 +204,7 @@ def test_a_captured_graph_replays_asm_and_follows_a_weight_reload(tmp_path):
 
 @pytest.mark.parametrize("mode", ["FULL_AND_PIECEWISE", "PIECEWISE"])
 def test_a_reload_that_parts_the_layers_of_a_table(tmp_path, gfx942, mode):
-    model, step, _ = decode(tmp_path, dev="cpu", scales=[(1.0, 1.0)] * 2)
+    model, step, query = decode(tmp_path, dev="cpu", scales=[(1.0, 1.0)] * 2)
     model.config.compilation_config.cudagraph_mode = cfg.CUDAGraphMode[mode]
     (k0, v0), (k1, v1) = model.builder.build(0, step).asm_scales.values()
     assert k0 is k1 and v0 is v1
@@ -216,16 +214,21 @@ def test_a_reload_that_parts_the_layers_of_a_table(tmp_path, gfx942, mode):
             model.builder.build(0, step)
     else:
         with mock.patch.object(rocm_attn.logger, "error") as error:  # one line
-            assert list(model.builder.build(0, step).asm_scales) == [model.attn]
+            metadata = model.builder.build(0, step)
         assert error.call_count == 1 and "layers.1 left" in str(error.call_args)
         with mock.patch.object(torch.Tensor, "fill_") as fill:  # settled: no refill
-            assert list(model.builder.build(0, step).asm_scales) == [model.attn]
+            assert model.builder.build(0, step).asm_scales.keys() == {model.attn}
         assert not fill.called
+        _, hip, asm = gfx942
+        model.run(query, metadata)
+        model.run(query, metadata, layer=1)
+        assert (asm.call_count, hip.call_count) == (1, 1)  # layers.1 on HIP
     assert (k0 == model.attn._k_scale).all() and (v0 == model.attn._v_scale).all()
 
 
 BINDS = {  # AITER's version, each layer's K and V scales: how many layers run asm
     "aiter-0.1.16": ("0.1.16", [(1.0, 1.0)], 0),  # it misreads block ids >= 65536
+    "aiter-unknown": ("unknown", [(1.0, 1.0)], 0),
     "four-tables": ("0.1.17", [(1.0, 1.0), (0.5, 2.0)], 2),
     "five-tables": ("0.1.17", [(1.0, 1.0), (0.5, 2.0), (0.25, 1.0)], 0),  # all or none
 }
@@ -233,26 +236,28 @@ BINDS = {  # AITER's version, each layer's K and V scales: how many layers run a
 
 @pytest.mark.parametrize(("aiter", "scales", "n"), BINDS.values(), ids=BINDS)
 def test_the_builder_binds_all_layers_or_none(tmp_path, gfx942, aiter, scales, n):
-    gfx942.__version__ = aiter
-    model, step, query = decode(tmp_path, dev="cpu", scales=scales)  # above the cut
+    version, hip, asm = gfx942
+    version.__version__ = aiter
+    model, step, query = decode(tmp_path, 32, dev="cpu", scales=scales)  # above the cut
     metadata = model.builder.build(0, step)
     assert len(metadata.asm_scales) == n and metadata.use_asm_decode is bool(n)
     for x, (k, v) in metadata.asm_scales.items():  # each layer's own K and V scale
         assert (k == x._k_scale).all() and (v == x._v_scale).all()
-    with (
-        mock.patch.object(rocm_attn, "chunked_prefill_paged_decode") as hip,
-        mock.patch.object(rocm_aiter_ops, "pa_fwd_asm") as asm,
-    ):
-        model.run(query, metadata)  # then with a fused output quant: HIP's
-        model.run(query, metadata, output_scale=torch.ones(1))
+        assert (
+            k.shape == v.shape == (x.kv_cache.shape[0], 8, BLOCK) and k.is_contiguous()
+        )
+    model.run(query, metadata)  # then with a fused output quant: HIP's
+    model.run(query, metadata, output_scale=torch.ones(1))
     assert (asm.call_count, hip.call_count) == (bool(n), 2 - bool(n))
     if n:  # the precision, layer 0's own K and V tables, AITER's 5-D pages
         kw, (k, v) = asm.call_args.kwargs, metadata.asm_scales[model.attn]
         assert kw["high_precision"] == 2 and kw["K_QScale"] is k and kw["V_QScale"] is v
         assert [kw[x].shape[1:] for x in "KV"] == [(8, 8, 16, 16), (8, 1, 128, 16)]
-    below = common([16] * 15, [[1]] * 15)  # 15 x 40 query heads <= 2 x 304 CUs
-    assert not model.builder.build(0, below).use_asm_decode
-    other = type("Subclass", (type(model.builder),), {})  # another backend's builder
+    # 19 x 32 query heads: at the cut (2 x 304 CUs); 20 with a prefill or a padding row
+    for lens in ([1] * 19, [1] * 20 + [2, 0], [1] * 20 + [0]):
+        below = common([16] * len(lens), [[1]] * len(lens), lens)
+        assert not model.builder.build(0, below).use_asm_decode
+    other = type("Derived", (type(model.builder),), {})  # a backend built on ROCM_ATTN
     spec, names = model.builder.kv_cache_spec, model.builder.layer_names
     other = other(spec, names, model.config, torch.device("cpu"))
     assert not other.build(0, step).asm_scales
@@ -273,17 +278,16 @@ EDGE = dict(num_heads=64, kv_cache_dtype="fp8_e4m3")  # GQA 8, fp16, 40960
 EDGE |= dict(model=dict(dtype=torch.float16, max_model_len=40960))
 WRONG = dict(mi3xx=False, kv_cache_dtype="fp8_e5m2", block=32, head=256, num_heads=72)
 WRONG |= dict(scale=0.1, sliding_window=64, alibi_slopes=[0.5] * 72, lbhnc=True)
-WRONG |= dict(logits_soft_cap=30.0, sinks=torch.zeros(72))
+WRONG |= dict(logits_soft_cap=30.0, sinks=torch.zeros(72), n=2**22)  # 2**25 slots
 WRONG |= dict(model=dict(dtype=torch.float32, max_model_len=40961))
 REASONS = (  # one for each clause, in the rule's order
     "a GPU other than gfx942/gfx950; fp8_e5m2 KV cache; block size 32; head size 256; "
     "torch.float32 query; GQA 9; softmax scale 0.1 != 1/sqrt(256); sliding window; "
     "ALiBi; logits soft cap; attention sinks; KV pages not dense; "
-    "max_model_len 40961 > 40960"
+    "scale tables >= 2 GiB; max_model_len 40961 > 40960"
 )
 RULE = {
     "fp16-e4m3-gqa8-40960": (EDGE, ""),
-    "scale-tables-2gib": (dict(n=2**22), "scale tables >= 2 GiB"),  # AITER's records
     "every-clause": (WRONG, REASONS),
     "encoder": (dict(attn_type="encoder_only"), "not decoder self-attention"),
 }
@@ -292,17 +296,3 @@ RULE = {
 @pytest.mark.parametrize(("case", "reasons"), RULE.values(), ids=RULE)
 def test_the_rule(tmp_path, case, reasons):
     assert rule(tmp_path, **case) == reasons
-
-
-STEPS = {  # 40 query heads a request, a cut of 480 query heads
-    "above-cut": ([1] * 13, True),
-    "at-cut": ([1] * 12, False),
-    "prefill": ([1] * 12 + [2, 0], False),  # as many tokens as requests
-    "padding-row": ([1] * 13 + [0], False),  # more requests than tokens
-}
-
-
-@pytest.mark.parametrize(("query_lens", "asm"), STEPS.values(), ids=STEPS)
-def test_the_step_decision(query_lens, asm):
-    step = common([1024] * len(query_lens), [[1]] * len(query_lens), query_lens)
-    assert use_asm_decode(step, 40, 480) is asm
