@@ -1625,6 +1625,21 @@ LOST_RESULTS = {  # each would have been found only when the run ends, its resul
         [*SERVE, "--result-dir", "rd", "--json", "rd/x/../new.json"],
         "bench serve: error: --json rd/x/../new.json: rd/x/.. does not exist",
     ),
+    "json-is-the-dataset": (  # a downloaded ShareGPT file, lost
+        [*SERVE, "--dataset", "sharegpt", "--dataset-path", "sg.json", "--json", "./sg.json"],
+        "bench serve: error: --json ./sg.json would overwrite the file --dataset-path sg.json "
+        "names; give another",
+    ),
+    "plot-is-the-vllm-program": (
+        [*SERVE[:-1], "./vllm.png", "--plot", "vllm.png"],
+        "bench serve: error: --plot vllm.png would overwrite the file --vllm ./vllm.png "
+        "names; give another",
+    ),
+    "json-in-the-model-dir": (
+        [*SERVE[:3], "model", *SERVE[4:], "--json", "model/config.json"],
+        "bench serve: error: --json model/config.json would overwrite in the directory "
+        "--model model names; give another",
+    ),
 }
 
 
@@ -1637,6 +1652,10 @@ def test_result_paths_a_run_would_lose_are_refused_before_it(
         (tmp_path / name).symlink_to(tmp_path / "gone" / target)
     (tmp_path / "h.png").touch()
     (tmp_path / "h2.png").hardlink_to(tmp_path / "h.png")
+    (tmp_path / "sg.json").write_text("[]")
+    (tmp_path / "vllm.png").symlink_to(STAND_IN_VLLM)  # a program named so
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model/config.json").write_text("{}")
     assert run(argv) == 2
     assert capsys.readouterr().err.splitlines() == [
         "vllm-rocm-asm-decode " + says.format(tmp=tmp_path)

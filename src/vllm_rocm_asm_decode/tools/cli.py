@@ -655,7 +655,9 @@ def _bench_serve(args: argparse.Namespace) -> int:
         problem = f"--vllm {args.vllm}: {why}"
     elif why := choices.uncreatable_dir(args.result_dir):
         problem = f"--result-dir {args.result_dir} {why}"
-    elif why := _result_files_problem(args.json, args.plot, (args.result_dir, sb.OWN_FILE)):
+    elif why := _result_files_problem(
+        args.json, args.plot, (args.result_dir, sb.OWN_FILE), _serve_inputs(args)
+    ):
         problem = why
     elif bad := choices.plugin_settings_problem():
         problem = bad
@@ -1116,20 +1118,44 @@ def _main(argv: list[str] | None) -> int:
     raise AssertionError(args.command)
 
 
+def _serve_inputs(args: argparse.Namespace) -> list[tuple[str, str]]:
+    """What bench serve reads, by option: the vLLM program, the ShareGPT file and a
+    local model directory (a result file must not overwrite any of them)."""
+    import shutil
+
+    inputs = [("--vllm", shutil.which(args.vllm) or args.vllm)]
+    if args.dataset_path:
+        inputs.append(("--dataset-path", args.dataset_path))
+    if os.path.isdir(args.model):
+        inputs.append(("--model", args.model))
+    return inputs
+
+
 def _result_files_problem(
-    json_path: str | None, plot_path: str | None, result_dir: tuple[str, re.Pattern] | None = None
+    json_path: str | None,
+    plot_path: str | None,
+    result_dir: tuple[str, re.Pattern] | None = None,
+    inputs: Sequence[tuple[str, str]] = (),
 ) -> str | None:
     """Why ``--json`` or ``--plot`` cannot be written after the run, said before it; None
     when both can (or neither was asked for): two different files, each writable, the
     plot a .png with matplotlib there. With ``result_dir`` (bench serve's directory, and
     the names of the files it writes there), neither is that directory or one of those
-    files, and a new file in it is writable once the run has made it."""
+    files, and a new file in it is writable once the run has made it. Neither is one of
+    ``inputs`` (option, path: what the run reads) or inside an input directory."""
     from importlib.util import find_spec
     from pathlib import PurePath
 
     files = [(opt, path) for opt, path in (("--json", json_path), ("--plot", plot_path)) if path]
     if len(files) == 2 and _same_file(files[0][1], files[1][1]):
         return f"--json and --plot name the same file ({plot_path}); give each its own"
+    for (option, path), (source, read) in ((f, i) for f in files for i in inputs):
+        inside = os.path.isdir(read) and os.path.realpath(path).startswith(
+            os.path.join(os.path.realpath(read), "")
+        )
+        if inside or _same_file(path, read):
+            where = "in the directory" if inside else "the file"
+            return f"{option} {path} would overwrite {where} {source} {read} names; give another"
     for option, path in files:
         if option == "--plot" and (why := choices.not_png(path)):
             return f"--plot {path}: {why}"
