@@ -221,7 +221,14 @@ def test_a_failing_step_is_reported_as_failed_and_retried_by_a_rerun(resumed, tm
     assert "| accuracy-asm-decode | ok |" in (out / "report.md").read_text()
 
 
-def test_ctrl_c_stops_the_server_and_keeps_the_finished_steps(tmp_path):
+@pytest.mark.parametrize(
+    ("sig", "code", "said"),
+    [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated (SIGTERM)")],
+    ids=["ctrl-c", "sigterm"],
+)
+def test_ctrl_c_stops_the_server_and_keeps_the_finished_steps(tmp_path, sig, code, said):
+    """Ctrl-C, or SIGTERM (``timeout``, a scheduler), stops the server, keeps what is
+    finished and says which of the two stopped the run."""
     out, port = tmp_path / "out", free_port()
     proc = subprocess.Popen(
         command(out, port),
@@ -234,17 +241,17 @@ def test_ctrl_c_stops_the_server_and_keeps_the_finished_steps(tmp_path):
     try:
         wait_for(out / "files" / "serve-random" / "bench.log", text="--max-concurrency")
         server = int(re.search(r"pid (\d+)", log.read_text()).group(1))
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sig)
         _, stderr = proc.communicate(timeout=60)
     finally:
         proc.kill()
-    assert proc.returncode == 130
+    assert proc.returncode == code
     with pytest.raises(ProcessLookupError):
         os.kill(server, 0)
     last = stderr.splitlines()[-1]
-    assert last.startswith("vllm-rocm-asm-decode reproduce: interrupted; finished steps are kept")
+    assert last.startswith(f"vllm-rocm-asm-decode reproduce: {said}; finished steps are kept")
     assert "Traceback" not in stderr
     assert (out / "steps" / "kernel-sweep.json").exists()
     assert not (out / "steps" / "serve-random.json").exists()
     report = (out / "report.md").read_text()
-    assert "| serve-random | not run | — | — | interrupted: run the same command again" in report
+    assert f"| serve-random | not run | — | — | {said}: run the same command again" in report

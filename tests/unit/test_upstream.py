@@ -957,6 +957,17 @@ def test_ctrl_c_while_printing_says_the_tree_was_written(tree, capsys, monkeypat
     assert snapshot(tree) == snapshot(reference)
 
 
+def test_a_sigterm_says_so(tree, capsys, monkeypatch):
+    """SIGTERM (``timeout``, a scheduler), which the command line raises as its Ctrl-C:
+    the same outcome, exit 143, and the line names it."""
+    import signal
+
+    monkeypatch.setattr(upstream, "pr_text", lambda stage: signal.raise_signal(signal.SIGTERM))
+    code, out, err = run(capsys, str(tree))
+    assert code == 143 and "changed:" in out
+    assert err == WRITTEN.format(tree).replace("interrupted", "terminated (SIGTERM)")
+
+
 def test_ctrl_c_during_check_says_nothing_was_written(tree, capsys, monkeypatch):
     monkeypatch.setattr(upstream, "diff_stat", lambda changes: _interrupt())
     before = snapshot(tree)

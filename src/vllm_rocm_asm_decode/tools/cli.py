@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterator, Sequence
 from types import FrameType
 
 from . import choices
+from .stopping import Terminated, sigterm_taken, stopped_by
 
 PROG = "vllm-rocm-asm-decode"
 #: The exit status when stdout's reader went away: 128 + SIGPIPE.
@@ -713,7 +714,7 @@ def _bench_serve(args: argparse.Namespace) -> int:
             if outcome.results
             else "nothing was measured"
         )
-        said = _stopped_by(_sigterm_taken.is_set()) if outcome.interrupted else outcome.error
+        said = stopped_by(sigterm_taken.is_set()) if outcome.interrupted else outcome.error
         print(f"{PROG} bench serve: error: {said} ({kept})", file=sys.stderr)
         return 130 if outcome.interrupted else 1
     unconfirmed = [f"{a.arm} repeat {a.repeat}" for a in outcome.arms if not a.confirmed]
@@ -869,12 +870,8 @@ def _keep_unencodable_text(*streams) -> None:
                 stream.reconfigure(errors="vllm_rocm_asm_decode")
 
 
-class _Terminated(KeyboardInterrupt):
-    """SIGTERM (``timeout``, systemd, Slurm, ``kill``), taken as Ctrl-C is taken."""
-
-
 def _take_sigterm_as_ctrl_c() -> Callable[[], None]:
-    """SIGTERM raises :class:`_Terminated` in the main thread, so every command's Ctrl-C
+    """SIGTERM raises :class:`~.stopping.Terminated` in the main thread, so every command's Ctrl-C
     path (``bench serve`` and ``reproduce`` stop their servers and keep their results)
     runs for it too, and a second SIGTERM is a second Ctrl-C (the server killed at
     once). Returns the undo."""
@@ -882,19 +879,15 @@ def _take_sigterm_as_ctrl_c() -> Callable[[], None]:
         previous = signal.getsignal(signal.SIGTERM)
 
         def terminated(signum: int, frame: FrameType | None) -> None:
-            _sigterm_taken.set()
+            sigterm_taken.set()
             _end_now_inside_an_import(frame, terminated=True)
-            raise _Terminated
+            raise Terminated
 
-        _sigterm_taken.clear()
+        sigterm_taken.clear()
         signal.signal(signal.SIGTERM, terminated)
     except ValueError:  # not the main thread: SIGTERM keeps its own handling
         return lambda: None
     return lambda: signal.signal(signal.SIGTERM, previous)
-
-
-#: Set once this run of the command has taken a SIGTERM.
-_sigterm_taken = threading.Event()
 
 
 def _note_ctrl_c() -> Callable[[], None]:
@@ -962,12 +955,12 @@ def main(argv: list[str] | None = None) -> int:
         try:
             code = _main(argv)
             # A command that took the SIGTERM as its Ctrl-C returned 130 for it.
-            return EXIT_TERMINATED if code == 130 and _sigterm_taken.is_set() else code
+            return EXIT_TERMINATED if code == 130 and sigterm_taken.is_set() else code
         finally:  # what is still buffered goes out here, inside the handlers below
             if sys.stdout is not None:
                 sys.stdout.flush()
     except KeyboardInterrupt as exc:
-        return _interrupted(isinstance(exc, _Terminated))
+        return _interrupted(isinstance(exc, Terminated))
     except BrokenPipeError:
         _drop(real)
         return EXIT_BROKEN_PIPE
@@ -979,8 +972,8 @@ def main(argv: list[str] | None = None) -> int:
     except Exception:
         # A Ctrl-C or SIGTERM an import swallowed, surfacing as another error (numpy's
         # "no attribute 'ndarray'", torch's "dispatcher tracer already initlized").
-        if _sigint_taken.is_set() or _sigterm_taken.is_set():
-            return _interrupted(_sigterm_taken.is_set())
+        if _sigint_taken.is_set() or sigterm_taken.is_set():
+            return _interrupted(sigterm_taken.is_set())
         raise
     finally:
         sys.stdout = real
@@ -994,13 +987,8 @@ def main(argv: list[str] | None = None) -> int:
 def _interrupted(terminated: bool) -> int:
     """The one line and exit status of a Ctrl-C (130) or a SIGTERM (143)."""
     # On a terminal the ^C (or a loading note) ends the line first.
-    _complain(("\n" if sys.stderr.isatty() else "") + f"{PROG}: {_stopped_by(terminated)}")
+    _complain(("\n" if sys.stderr.isatty() else "") + f"{PROG}: {stopped_by(terminated)}")
     return EXIT_TERMINATED if terminated else 130
-
-
-def _stopped_by(terminated: bool) -> str:
-    """What a command stopped by a SIGTERM, or else by a Ctrl-C, says it was."""
-    return "terminated (SIGTERM)" if terminated else "interrupted"
 
 
 def _drop(stream) -> None:

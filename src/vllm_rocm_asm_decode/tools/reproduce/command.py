@@ -12,6 +12,7 @@ from pathlib import Path
 
 from .. import original
 from ..choices import first_line
+from ..stopping import stopped_by
 from . import environment, options, report, runners
 from .progress import Progress
 from .state import FAILED, OK, StepRecord, Store
@@ -103,7 +104,7 @@ def main(args: argparse.Namespace) -> int:
     done = {n for n, r in records.items() if r is not None and r.ok}
     progress = Progress(steps, done)
     stopped: str | None = None
-    interrupted = False
+    interrupted = ""  # what stopped the run: Ctrl-C or SIGTERM
     try:
         for step in steps:
             rec = records[step.name]
@@ -133,9 +134,9 @@ def main(args: argparse.Namespace) -> int:
             progress.finish(step, rec, summary(step, rec))
             if step.gate and not rec.ok:
                 stopped = f"{step.name} failed ({error})"
-    except KeyboardInterrupt:
-        interrupted = True
-        stopped = "interrupted: run the same command again to resume"
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM from the command line
+        interrupted = stopped_by()
+        stopped = f"{interrupted}: run the same command again to resume"
     finally:
         progress.close()
     return _finish(store, settings, steps, records, stopped, interrupted)
@@ -157,7 +158,9 @@ def _readable(settings, steps, name: str, rec: StepRecord | None) -> StepRecord 
     return rec
 
 
-def _finish(store, settings, steps, records, stopped, interrupted) -> int:
+def _finish(store, settings, steps, records, stopped, interrupted: str) -> int:
+    """The report of the steps so far; ``interrupted`` says what stopped the run ("" when
+    nothing did)."""
     run = report.Run(settings, steps, records, store.environments(), stopped=stopped)
     results = {n: (r.result if r is not None else None) for n, r in records.items()}
     try:
@@ -182,7 +185,7 @@ def _finish(store, settings, steps, records, stopped, interrupted) -> int:
     with contextlib.suppress(OSError):
         if interrupted:
             print(
-                f"{PROG}: interrupted; finished steps are kept in {store.root} and the same "
+                f"{PROG}: {interrupted}; finished steps are kept in {store.root} and the same "
                 f"command resumes (report so far: {path})",
                 file=sys.stderr,
             )

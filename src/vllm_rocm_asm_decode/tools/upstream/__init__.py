@@ -56,6 +56,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType, TracebackType
 
+from ..stopping import stopped_by
 from .source import SPDX, Source, UpstreamError
 from .stages import (
     AITER_OPS,
@@ -698,14 +699,15 @@ def main(directory: str, dry_run: bool, stage: int = DEFAULT_STAGE) -> int:
             _stdout_to_devnull()
             return EXIT_BROKEN_PIPE
         return status
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM from the command line
         if written:
             files = "file" if len(written) == 1 else "files"
             said = f"{root} was written: it carries {which} ({len(written)} {files} changed)"
         else:
             said = f"nothing was written to {root}"
         print(
-            ("\n" if sys.stderr.isatty() else "") + f"{PROG}: interrupted; {said}", file=sys.stderr
+            ("\n" if sys.stderr.isatty() else "") + f"{PROG}: {stopped_by()}; {said}",
+            file=sys.stderr,
         )
         return 130
 
