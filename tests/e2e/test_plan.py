@@ -11,7 +11,7 @@ import background
 import harness
 from conftest import ARCH
 from vllm_rocm_asm_decode.tools.cli import main
-from vllm_rocm_asm_decode.tools.plan import make_plan
+from vllm_rocm_asm_decode.tools.plan import PlanError, make_plan
 
 SESSION_GPU = {"gfx950": "mi355x", "gfx942": "mi300x"}[ARCH]
 
@@ -365,6 +365,22 @@ def test_a_kv_cache_vllm_would_not_start_with_is_refused(capsys):
         err.count("\n") == 1
         and "--num-gpu-blocks 256: one request at max_model_len 4096 needs 257 blocks" in err
     )
+
+
+@pytest.mark.parametrize(
+    ("blocks", "says"),
+    [
+        (3, "--num-gpu-blocks 3: that KV cache takes 600 GiB per rank, more than the MI300X's"),
+        (None, "--block-size 2621440: one block takes 200 GiB per rank, more than the MI300X's"),
+    ],
+    ids=["cache", "one-block"],
+)
+def test_plans_own_reading_refuses_a_cache_past_the_gpu(blocks, says):
+    """The check after vLLM's reading (the one before it reads config.json alone): the
+    cache, or without --num-gpu-blocks one block, larger than the GPU. Qwen3-14B: 40
+    layers x K and V x 8 KV heads x 128 x 1 byte = 80 KiB a token; 2.5 Mi tokens a block."""
+    with pytest.raises(PlanError, match=says):
+        make_plan(gpu="mi300x", block_size=2_621_440, num_gpu_blocks=blocks)
 
 
 @pytest.mark.parametrize(

@@ -43,6 +43,11 @@ CASES = {
         "--num-gpu-blocks 100000000: that KV cache takes 122070 GiB per rank, more than the "
         "MI300X's 192 GiB",
     ),
+    "block-past-memory": (  # without --num-gpu-blocks: one block is past the GPU
+        ["plan", "--gpu", "mi300x", "--block-size", "1600000000000"],
+        "--block-size 1600000000000: one block takes 122070312 GiB per rank, more than the "
+        "MI300X's 192 GiB",
+    ),
     "graph-mode": (["plan", "--cudagraph-mode", "eager"], "'eager' is not one of FULL_AND"),
     "aiter-version": (["plan", "--aiter-version", "x.y"], "'x.y' is not a version"),
     "len-zero": (["plan", "--max-model-len", "0"], "--max-model-len: 0 must be at least 1"),

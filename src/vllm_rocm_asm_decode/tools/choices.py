@@ -175,6 +175,16 @@ def cache_too_large(num_gpu_blocks: int, size: int, gpu: Gpu, any_gpu: bool = Fa
     )
 
 
+def block_too_large(block_size: int, size: int, gpu: Gpu, any_gpu: bool = False) -> str:
+    """The error for a ``--block-size`` one block of which (all layers, per rank) takes
+    ``size`` bytes, past ``gpu``'s memory (``any_gpu``: the largest of :data:`GPUS`)."""
+    where = f"any GPU's (at most the {gpu.name}'s" if any_gpu else f"the {gpu.name}'s"
+    return (
+        f"--block-size {block_size}: one block takes {size / 1024**3:.0f} GiB per rank, "
+        f"more than {where} {gpu.memory_gib} GiB" + (")" if any_gpu else "")
+    )
+
+
 def _count(section: dict, keys: tuple[str, ...]) -> tuple[str, object] | None:
     for key in keys:
         if section.get(key) is not None:

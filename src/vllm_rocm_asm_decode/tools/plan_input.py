@@ -21,6 +21,7 @@ from .choices import (
     InputError,
     _count,
     attention_section,
+    block_too_large,
     cache_too_large,
 )
 
@@ -171,9 +172,10 @@ def check_cache_size(
     num_gpu_blocks: int | None,
 ) -> None:
     """``--num-gpu-blocks`` of a plain decoder's cache larger than the GPU (any supported
-    GPU when ``--gpu`` is not given), judged before vLLM is imported; ``plan`` checks
-    every model again from vLLM's own reading of the config."""
-    if num_gpu_blocks is None or (plain := _plain_decoder(model_dir)) is None:
+    GPU when ``--gpu`` is not given), or without it a ``--block-size`` one block of which
+    is, judged before vLLM is imported; ``plan`` checks every model again from vLLM's own
+    reading of the config."""
+    if (plain := _plain_decoder(model_dir)) is None:
         return
     section, heads, head_dim = plain
     counts = [_count(section, k) for k in (KV_HEAD_COUNT_KEYS, LAYER_COUNT_KEYS)]
@@ -182,7 +184,9 @@ def check_cache_size(
         return
     per_rank = max(1, (kv_heads or heads) // tensor_parallel_size)
     width = 1 if kv_cache_dtype.startswith("fp8") else 2
-    size = num_gpu_blocks * layers * 2 * block_size * per_rank * head_dim * width
+    size = (num_gpu_blocks or 1) * layers * 2 * block_size * per_rank * head_dim * width
     the_gpu = GPUS[gpu] if gpu else max(GPUS.values(), key=lambda g: g.memory_gib or 0)
     if size > (the_gpu.memory_gib or 0) * 1024**3:
+        if num_gpu_blocks is None:
+            raise InputError(block_too_large(block_size, size, the_gpu, any_gpu=not gpu))
         raise InputError(cache_too_large(num_gpu_blocks, size, the_gpu, any_gpu=not gpu))
