@@ -380,8 +380,23 @@ def test_server_that_fails_to_start(tmp_path, monkeypatch):
     spy = Spy(monkeypatch)
     monkeypatch.setenv("FAKE_VLLM_SERVE_FAIL", "1")
     outcome = sb.run_ab(config(tmp_path), log=lambda _: None)
-    assert outcome.results == [] and "exited with code 3 before /health" in outcome.error
+    said = "exited with code 3 before /health answered: RuntimeError: Failed to infer device"
+    assert outcome.results == [] and f"{said} type (log: " in outcome.error
     assert spy.all_stopped()
+
+
+@pytest.mark.parametrize(
+    ("log", "said"),
+    [
+        ("INFO start\nValueError: first\nERROR [core.py:9] torch.OutOfMemoryError: HIP out\n",
+         "OutOfMemoryError: HIP out"),
+        ("INFO ready\nKilled\n", None),
+        ("RuntimeError: " + "x" * 300, "RuntimeError: " + "x" * 223 + "..."),
+    ],
+    ids=["last-of-two", "none", "long"],
+)  # fmt: skip
+def test_the_last_error_a_server_logged(log, said):
+    assert sb.last_error(log) == said
 
 
 def test_port_in_use(tmp_path):

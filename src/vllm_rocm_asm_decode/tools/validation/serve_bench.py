@@ -337,6 +337,21 @@ def url_host(host: str) -> str:
     return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
 
+#: A Python exception's last line in a server log, after whatever prefix the logger put
+#: before it ("(EngineCore pid=7) RuntimeError: Failed to infer device type").
+_EXCEPTION_LINE = re.compile(r"\b([A-Z]\w*(?:Error|Exception)): (\S.*)$")
+
+
+def last_error(log: str, limit: int = 240) -> str | None:
+    """What the last exception a server logged says ("RuntimeError: ..."): the line that
+    tells why it exited, shortened to ``limit`` characters; None when it logged none."""
+    for line in reversed(log.splitlines()):
+        if found := _EXCEPTION_LINE.search(line):
+            said = f"{found.group(1)}: {found.group(2).strip()}"
+            return said if len(said) <= limit else said[: limit - 3] + "..."
+    return None
+
+
 class Server:
     """One ``vllm serve`` process group; always stopped by :meth:`stop`."""
 
@@ -377,9 +392,11 @@ class Server:
         while time.monotonic() < deadline:
             if not self.alive():
                 code = self.proc.returncode if self.proc else None
+                why = last_error(self.log_text())
                 raise ServeError(
-                    f"{self.arm} server exited with code {code} before /health answered "
-                    f"(log: {self.log_path})"
+                    f"{self.arm} server exited with code {code} before /health answered"
+                    + (f": {why}" if why else "")
+                    + f" (log: {self.log_path})"
                 )
             try:
                 with urllib.request.urlopen(url, timeout=2) as response:
