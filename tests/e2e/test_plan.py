@@ -642,6 +642,9 @@ def test_the_dtype_defaults_to_the_checkpoints_as_vllm_does(tmp_path):
 
 
 def test_a_page_past_2_gib_is_said_plainly(capsys):
-    argv = ["plan", "--gpu", "mi355x", "--block-size", "99999984", "--aiter-version", "0.1.16"]
+    # 2 Mi + 16 tokens a block at 1 KiB a token: a K page 16 KiB past 2 GiB; one block of
+    # every layer, K and V, 160 GiB (under the MI355X's 288 GiB)
+    argv = ["plan", "--gpu", "mi355x", "--block-size", "2097168", "--aiter-version", "0.1.16"]
     assert main(argv) == 0
-    assert "ends past 2 GiB: every layer keeps HIP" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "a KV page of 2147500032 bytes ends past 2 GiB: every layer keeps HIP" in out

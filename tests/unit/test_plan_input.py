@@ -170,7 +170,8 @@ def test_a_block_size_past_what_a_tensor_indexes_is_one_line(capsys):
     line = one_line_exit_2(
         ["plan", "--model", "qwen3-8b", "--block-size", "160000000000000000000"], capsys
     )
-    assert "--block-size 160000000000000000000" in line and "2^63" in line, line
+    # One block is past every GPU's memory long before it is past what a tensor indexes.
+    assert "--block-size 160000000000000000000: one block takes " in line, line
 
 
 @pytest.mark.parametrize(
