@@ -403,6 +403,26 @@ def test_bad_input_is_one_line_and_exit_2(case, capsys):
     assert len(err) == 1 and message in err[0], err
 
 
+MODEL_PATHS = {  # each a path the user meant, not a Hugging Face id to download
+    "link-to-nothing": ("m/dangling", "--model m/dangling is a link to {tmp}/gone, which "),
+    "trailing-slash": ("nodir/", "model directory nodir/ does not exist"),
+    "in-a-directory-here": ("m/absent", "model directory m/absent does not exist"),
+    "hf-id": ("meta-llama/Llama-3.1-8B", "--model meta-llama/Llama-3.1-8B: only local"),
+}
+
+
+@pytest.mark.parametrize(("model", "says"), MODEL_PATHS.values(), ids=MODEL_PATHS)
+def test_a_model_path_that_is_not_there_is_said_as_a_path(
+    tmp_path, monkeypatch, capsys, model, says
+):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "dangling").symlink_to(tmp_path / "gone")
+    assert run(["plan", "--model", model]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("vllm-rocm-asm-decode plan: error: " + says.format(tmp=tmp_path))
+
+
 def test_seeds_may_start_at_zero_as_documented():
     assert choices.seeds("0,1,2") == [0, 1, 2]
 
