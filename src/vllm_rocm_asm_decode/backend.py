@@ -471,6 +471,18 @@ class RocmAsmDecodeMetadataBuilder(RocmAttentionMetadataBuilder):
         device = cached[0].kv_cache.device if cached else self.device
         compute_units = num_compute_units(device.index or 0)
         self.asm_cut = resolve_cut(compute_units, settings_.cut)
+        max_num_seqs = self.vllm_config.scheduler_config.max_num_seqs
+        if max_num_seqs * self.num_heads_q <= self.asm_cut:
+            # No step is above the cut (a decode step is at most max_num_seqs tokens):
+            # scale tables would be memory for nothing.
+            logger.info_once(
+                "ROCM_ATTN asm decode is off: max_num_seqs %d x %d query heads never "
+                "passes the cut of %d; every layer keeps the HIP decode",
+                max_num_seqs,
+                self.num_heads_q,
+                self.asm_cut,
+            )
+            return
         for layer in layers:
             if impls[layer].attn_type != AttentionType.DECODER:
                 # Encoder attention has no paged KV cache to decode from.

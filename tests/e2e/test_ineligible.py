@@ -6,6 +6,10 @@ import pytest
 import torch
 
 import harness
+from conftest import ARCH
+from rocm_emulation import COMPUTE_UNITS
+
+CUT = 2 * COMPUTE_UNITS[ARCH]
 
 
 @pytest.fixture
@@ -139,3 +143,20 @@ def test_encoder_only_attention_is_decided_without_a_kv_cache(tmp_path, kernels,
         assert builder.asm_layers_bound
         assert encoder.impl.asm_rejections == ["not decoder self-attention"]
     assert harness.kept_on_hip(plugin_log, "not decoder self-attention")
+
+
+@pytest.mark.skipif(harness.IN_TREE, reason="not in-tree: stage 1's 150 lines have no room")
+def test_no_scale_tables_where_no_decode_step_can_pass_the_cut(tmp_path, kernels, plugin_log):
+    """A decode step is at most max_num_seqs tokens: where that many times the query
+    heads is not above the cut, asm can never run, and no table is made for it."""
+    model = harness.build_model(tmp_path, num_layers=1)  # 40 query heads
+    model.vllm_config.scheduler_config.max_num_seqs = CUT // 40  # 40 x that <= the cut
+    batch = harness.make_batch(model, [40] * 32)  # as if the scheduler sent more
+    metadata = model.builder.build(0, batch.common)
+    assert harness.asm_layers(model.builder) == set() and not metadata.use_asm_decode
+    assert model.builder.asm_bindings.tables is None
+    line = f"max_num_seqs {CUT // 40} x 40 query heads never passes the cut of {CUT}"
+    assert any(line in m for m in plugin_log), plugin_log
+    fresh = harness.build_model(tmp_path / "again", num_layers=1)
+    fresh.vllm_config.scheduler_config.max_num_seqs = CUT // 40 + 1  # one more: above it
+    assert fresh.builder.build(0, batch.common).use_asm_decode

@@ -227,7 +227,7 @@ def test_a_reload_that_parts_the_layers_of_a_table(tmp_path, gfx942, mode):
 
 
 BINDS = {  # AITER's version, each layer's K and V scales: how many layers run asm
-    "aiter-0.1.16": ("0.1.16", [(1.0, 1.0)], 0),  # it misreads block ids >= 65536
+    "aiter-0.1.17rc1": ("0.1.17rc1", [(1.0, 1.0)], 0),  # before 0.1.17's block-id fix
     "aiter-unknown": ("unknown", [(1.0, 1.0)], 0),
     "four-tables": ("0.1.17", [(1.0, 1.0), (0.5, 2.0)], 2),
     "five-tables": ("0.1.17", [(1.0, 1.0), (0.5, 2.0), (0.25, 1.0)], 0),  # all or none
