@@ -407,6 +407,7 @@ MODEL_PATHS = {  # each a path the user meant, not a Hugging Face id to download
     "link-to-nothing": ("m/dangling", "--model m/dangling is a link to {tmp}/gone, which "),
     "trailing-slash": ("nodir/", "model directory nodir/ does not exist"),
     "in-a-directory-here": ("m/absent", "model directory m/absent does not exist"),
+    "three-parts": ("a/b/c", "model directory a/b/c does not exist"),
     "hf-id": ("meta-llama/Llama-3.1-8B", "--model meta-llama/Llama-3.1-8B: only local"),
 }
 
@@ -1652,18 +1653,23 @@ LOST_RESULTS = {  # each would have been found only when the run ends, its resul
     ),
     "json-is-the-dataset": (  # a downloaded ShareGPT file, lost
         [*SERVE, "--dataset", "sharegpt", "--dataset-path", "sg.json", "--json", "./sg.json"],
-        "bench serve: error: --json ./sg.json would overwrite the file --dataset-path sg.json "
-        "names; give another",
+        "bench serve: error: --json ./sg.json would overwrite --dataset-path sg.json, which "
+        "the run reads",
     ),
     "plot-is-the-vllm-program": (
         [*SERVE[:-1], "./vllm.png", "--plot", "vllm.png"],
-        "bench serve: error: --plot vllm.png would overwrite the file --vllm ./vllm.png "
-        "names; give another",
+        "bench serve: error: --plot vllm.png would overwrite --vllm ./vllm.png, which the run "
+        "reads",
     ),
     "json-in-the-model-dir": (
-        [*SERVE[:3], "model", *SERVE[4:], "--json", "model/config.json"],
-        "bench serve: error: --json model/config.json would overwrite in the directory "
-        "--model model names; give another",
+        [*SERVE[:3], "model", *SERVE[4:], "--json", "model/new.json"],
+        "bench serve: error: --json model/new.json is in --model model, which the run reads; "
+        "give another",
+    ),
+    "result-dir-in-the-model-dir": (
+        [*SERVE[:3], "model", *SERVE[4:], "--result-dir", "model/results"],
+        "bench serve: error: --result-dir model/results is in --model model, which the run "
+        "reads; give another",
     ),
 }
 

@@ -392,8 +392,9 @@ def test_server_that_fails_to_start(tmp_path, monkeypatch):
          "OutOfMemoryError: HIP out"),
         ("INFO ready\nKilled\n", None),
         ("RuntimeError: " + "x" * 300, "RuntimeError: " + "x" * 223 + "..."),
+        ("\x1b[1;31mValueError: bad \x1b[0mmodel\n", "ValueError: bad model"),
     ],
-    ids=["last-of-two", "none", "long"],
+    ids=["last-of-two", "none", "long", "colours"],
 )  # fmt: skip
 def test_the_last_error_a_server_logged(log, said):
     assert sb.last_error(log) == said

@@ -152,9 +152,16 @@ def resolve_model_dir(model: str) -> tuple[Path, str]:
         raise InputError(f"--model {model} is a file; give the model's directory (config.json)")
     if path.is_symlink():
         raise InputError(f"--model {model} is a link to {os.readlink(path)}, which does not exist")
-    # A path, not a Hugging Face id: rooted, ending in "/", or in a directory that is here.
-    parent = os.path.dirname(model.rstrip("/"))
-    if model.startswith((os.sep, ".", "~")) or model.endswith("/") or os.path.isdir(parent):
+    # A path, not a Hugging Face id (org/name): rooted, ending in "/", of more or other
+    # parts than an id has, or in a directory that is here.
+    parts, parent = model.split("/"), os.path.dirname(model.rstrip("/"))
+    if (
+        model.startswith((os.sep, ".", "~"))
+        or model.endswith("/")
+        or len(parts) > 2
+        or ".." in parts
+        or os.path.isdir(parent)
+    ):
         raise InputError(f"model directory {model} does not exist")
     # A Hugging Face id or a preset in other case whose name is a preset's: say which.
     like = model.rstrip("/").rsplit("/", 1)[-1].lower()

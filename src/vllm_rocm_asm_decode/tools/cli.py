@@ -656,6 +656,8 @@ def _bench_serve(args: argparse.Namespace) -> int:
         problem = f"--vllm {args.vllm}: {why}"
     elif why := choices.uncreatable_dir(args.result_dir):
         problem = f"--result-dir {args.result_dir} {why}"
+    elif read := _inside_an_input(args.result_dir, _serve_inputs(args)):
+        problem = f"--result-dir {args.result_dir} is in {read}, which the run reads; give another"
     elif why := _result_files_problem(
         args.json, args.plot, (args.result_dir, sb.OWN_FILE), _serve_inputs(args)
     ):
@@ -1119,6 +1121,16 @@ def _serve_inputs(args: argparse.Namespace) -> list[tuple[str, str]]:
     return inputs
 
 
+def _inside_an_input(path: str, inputs: Sequence[tuple[str, str]]) -> str | None:
+    """The input directory (option and path) that ``path`` is or is inside; None when
+    none is."""
+    real = os.path.join(os.path.realpath(path), "")
+    for source, read in inputs:
+        if os.path.isdir(read) and real.startswith(os.path.join(os.path.realpath(read), "")):
+            return f"{source} {read}"
+    return None
+
+
 def _result_files_problem(
     json_path: str | None,
     plot_path: str | None,
@@ -1137,13 +1149,12 @@ def _result_files_problem(
     files = [(opt, path) for opt, path in (("--json", json_path), ("--plot", plot_path)) if path]
     if len(files) == 2 and _same_file(files[0][1], files[1][1]):
         return f"--json and --plot name the same file ({plot_path}); give each its own"
-    for (option, path), (source, read) in ((f, i) for f in files for i in inputs):
-        inside = os.path.isdir(read) and os.path.realpath(path).startswith(
-            os.path.join(os.path.realpath(read), "")
-        )
-        if inside or _same_file(path, read):
-            where = "in the directory" if inside else "the file"
-            return f"{option} {path} would overwrite {where} {source} {read} names; give another"
+    for option, path in files:
+        if where := _inside_an_input(path, inputs):
+            return f"{option} {path} is in {where}, which the run reads; give another"
+        for source, read in inputs:
+            if _same_file(path, read):
+                return f"{option} {path} would overwrite {source} {read}, which the run reads"
     for option, path in files:
         if option == "--plot" and (why := choices.not_png(path)):
             return f"--plot {path}: {why}"

@@ -340,13 +340,15 @@ def url_host(host: str) -> str:
 #: A Python exception's last line in a server log, after whatever prefix the logger put
 #: before it ("(EngineCore pid=7) RuntimeError: Failed to infer device type").
 _EXCEPTION_LINE = re.compile(r"\b([A-Z]\w*(?:Error|Exception)): (\S.*)$")
+#: A terminal's colour and cursor codes, which vLLM's logger may write.
+_TERMINAL_CODES = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
 def last_error(log: str, limit: int = 240) -> str | None:
     """What the last exception a server logged says ("RuntimeError: ..."): the line that
     tells why it exited, shortened to ``limit`` characters; None when it logged none."""
     for line in reversed(log.splitlines()):
-        if found := _EXCEPTION_LINE.search(line):
+        if found := _EXCEPTION_LINE.search(_TERMINAL_CODES.sub("", line)):
             said = f"{found.group(1)}: {found.group(2).strip()}"
             return said if len(said) <= limit else said[: limit - 3] + "..."
     return None
