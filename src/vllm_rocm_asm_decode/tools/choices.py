@@ -176,23 +176,20 @@ def resolve_model_dir(model: str) -> tuple[Path, str]:
     )
 
 
-def cache_too_large(num_gpu_blocks: int, size: int, gpu: Gpu, any_gpu: bool = False) -> str:
-    """The error for a ``--num-gpu-blocks`` cache of ``size`` bytes per rank past
-    ``gpu``'s memory (``any_gpu``: the largest of :data:`GPUS`, none was named)."""
+def cache_too_large(
+    num_gpu_blocks: int | None, block_size: int, size: int, gpu: Gpu, any_gpu: bool = False
+) -> str:
+    """The error for a KV cache of ``size`` bytes per rank past ``gpu``'s memory
+    (``any_gpu``: the largest of :data:`GPUS`, none was named): ``--num-gpu-blocks``
+    blocks, or without it (None) one block of ``--block-size`` tokens."""
     where = f"any GPU's (at most the {gpu.name}'s" if any_gpu else f"the {gpu.name}'s"
-    return (
-        f"--num-gpu-blocks {num_gpu_blocks}: that KV cache takes {size / 1024**3:.0f} GiB "
-        f"per rank, more than {where} {gpu.memory_gib} GiB" + (")" if any_gpu else "")
+    what = (
+        f"--num-gpu-blocks {num_gpu_blocks}: that KV cache takes"
+        if num_gpu_blocks
+        else f"--block-size {block_size}: one block takes"
     )
-
-
-def block_too_large(block_size: int, size: int, gpu: Gpu, any_gpu: bool = False) -> str:
-    """The error for a ``--block-size`` one block of which (all layers, per rank) takes
-    ``size`` bytes, past ``gpu``'s memory (``any_gpu``: the largest of :data:`GPUS`)."""
-    where = f"any GPU's (at most the {gpu.name}'s" if any_gpu else f"the {gpu.name}'s"
-    return (
-        f"--block-size {block_size}: one block takes {size / 1024**3:.0f} GiB per rank, "
-        f"more than {where} {gpu.memory_gib} GiB" + (")" if any_gpu else "")
+    return f"{what} {size / 1024**3:.0f} GiB per rank, more than {where} {gpu.memory_gib} GiB" + (
+        ")" if any_gpu else ""
     )
 
 

@@ -651,16 +651,14 @@ def _bench_serve(args: argparse.Namespace) -> int:
     from .validation import serve_bench as sb
 
     # What can be judged before starting servers for an hour.
-    problem = None
+    problem, inputs = None, _serve_inputs(args)
     if why := choices.not_executable(args.vllm, "is vLLM installed and on PATH?"):
         problem = f"--vllm {args.vllm}: {why}"
     elif why := choices.uncreatable_dir(args.result_dir):
         problem = f"--result-dir {args.result_dir} {why}"
-    elif read := _inside_an_input(args.result_dir, _serve_inputs(args)):
+    elif read := _inside_an_input(args.result_dir, inputs):
         problem = f"--result-dir {args.result_dir} is in {read}, which the run reads; give another"
-    elif why := _result_files_problem(
-        args.json, args.plot, (args.result_dir, sb.OWN_FILE), _serve_inputs(args)
-    ):
+    elif why := _result_files_problem(args.json, args.plot, (args.result_dir, sb.OWN_FILE), inputs):
         problem = why
     elif bad := choices.plugin_settings_problem():
         problem = bad
@@ -716,7 +714,7 @@ def _bench_serve(args: argparse.Namespace) -> int:
             if outcome.results
             else "nothing was measured"
         )
-        said = stopped_by(sigterm_taken.is_set()) if outcome.interrupted else outcome.error
+        said = stopped_by() if outcome.interrupted else outcome.error
         print(f"{PROG} bench serve: error: {said} ({kept})", file=sys.stderr)
         return 130 if outcome.interrupted else 1
     unconfirmed = [f"{a.arm} repeat {a.repeat}" for a in outcome.arms if not a.confirmed]

@@ -45,7 +45,6 @@ from .choices import (
     MAX_LAYERS,
     Gpu,
     InputError,
-    block_too_large,
     cache_too_large,
     first_line,
     resolve_model_dir,
@@ -600,11 +599,7 @@ def make_plan(
     if the_gpu.memory_gib is not None:  # without --num-gpu-blocks: one block
         kv_bytes = (num_gpu_blocks or 1) * kv_cache_bytes_per_block(layers)
         if kv_bytes > the_gpu.memory_gib * 1024**3:
-            raise PlanError(
-                cache_too_large(num_gpu_blocks, kv_bytes, the_gpu)
-                if num_gpu_blocks
-                else block_too_large(block_size, kv_bytes, the_gpu)
-            )
+            raise PlanError(cache_too_large(num_gpu_blocks, block_size, kv_bytes, the_gpu))
     full_attention = any(layer.impl.sliding_window == (-1, -1) for layer in layers)
     if num_gpu_blocks is not None and full_attention:
         # vLLM holds one block back (the null block) and will not start unless the rest

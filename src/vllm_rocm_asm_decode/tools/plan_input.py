@@ -21,7 +21,6 @@ from .choices import (
     InputError,
     _count,
     attention_section,
-    block_too_large,
     cache_too_large,
 )
 
@@ -187,6 +186,5 @@ def check_cache_size(
     size = (num_gpu_blocks or 1) * layers * 2 * block_size * per_rank * head_dim * width
     the_gpu = GPUS[gpu] if gpu else max(GPUS.values(), key=lambda g: g.memory_gib or 0)
     if size > (the_gpu.memory_gib or 0) * 1024**3:
-        if num_gpu_blocks is None:
-            raise InputError(block_too_large(block_size, size, the_gpu, any_gpu=not gpu))
-        raise InputError(cache_too_large(num_gpu_blocks, size, the_gpu, any_gpu=not gpu))
+        why = cache_too_large(num_gpu_blocks, block_size, size, the_gpu, any_gpu=not gpu)
+        raise InputError(why)
