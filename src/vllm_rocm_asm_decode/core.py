@@ -1,9 +1,10 @@
 """The asm decode's core: the kernel's hard facts, the per-layer rule, the per-step
 decision and the call. Stage 1 of ``vllm-rocm-asm-decode upstream`` writes everything
 below the imports into vLLM's ``rocm_attn.py``, with every name made private (a
-leading underscore), so this module reads as vLLM code: no plugin setting, no AITER
-version, no memory budget (those are the plugin's guards, :mod:`.eligibility`, around
-it).
+leading underscore), except :func:`use_asm_decode` and :func:`asm_decode`, whose
+clauses and arguments it writes inline in ``build`` and ``forward``. So this module
+reads as vLLM code: no plugin setting, no AITER version, no memory budget (those are
+the plugin's guards, :mod:`.eligibility`, around it).
 
 ``rocm_aiter_ops`` is vLLM's (:mod:`.aiter_ops` hands the plugin vLLM's own class where
 it passes ``high_precision`` on to AITER, else a subclass that does).

@@ -133,8 +133,9 @@ def test_stage_1_is_about_a_hundred_lines_inside_rocm_attn_py(tree):
     text = files[upstream.ROCM_ATTN]
     assert "class AsmDecode" not in text.split("class RocmAttentionMetadata:")[0]  # no mixin
     assert "Mixin" not in text and "VLLM_ROCM_ASM" not in text
-    # Info lines, once: what decodes on asm, and why none does where only AITER's version
-    # or the table cap stands in the way; each layer's own reasons at debug level.
+    # Info lines, once: what decodes on asm, and why none does where only AITER's version,
+    # the table cap or max_num_seqs stands in the way; each layer's own reasons at debug
+    # level.
     assert text.count("logger.info") == 2 and text.count("logger.debug_once") == 1
     assert text.count("logger.debug(") == 1
     # Its test file: the review's aim was ~200 lines (docs/upstream.md says what is in it).
@@ -361,6 +362,66 @@ def test_the_written_rule_is_the_runtime_modules_code(applied, module):
     )  # the module docstring is not written
 
 
+def _node(tree: ast.AST, *names: str) -> ast.AST:
+    """The class or def at ``names`` in ``tree``."""
+    for name in names:
+        tree = next(n for n in ast.iter_child_nodes(tree) if getattr(n, "name", "") == name)
+    return tree
+
+
+def _call(scope: ast.AST, text: str) -> ast.Call:
+    (call,) = [
+        n for n in ast.walk(scope) if isinstance(n, ast.Call) and ast.unparse(n).startswith(text)
+    ]
+    return call
+
+
+def _keywords(call: ast.Call) -> dict[str | None, str]:
+    return {k.arg: ast.unparse(k.value) for k in call.keywords}
+
+
+def test_stage_1s_inline_decision_and_call_are_the_cores(applied):
+    """Stage 1 decides the step in build() and calls pa_fwd_asm in forward() in lines of
+    its own (core.py's use_asm_decode and asm_decode are the plugin's): the same clauses
+    and the same arguments, over build()'s and forward()'s names."""
+    from vllm_rocm_asm_decode import core
+
+    root, _ = applied
+    written = ast.parse((root / upstream.ROCM_ATTN).read_text())
+    runtime = ast.parse(Path(core.__file__).read_text())
+    build = _node(written, "RocmAttentionMetadataBuilder", "build")
+    (decide,) = [
+        n
+        for n in ast.walk(build)
+        if isinstance(n, ast.Assign) and ast.unparse(n.targets) == "use_asm"
+    ]
+    ret = _node(runtime, "use_asm_decode").body[-1]  # type: ignore[attr-defined]
+    clauses = ast.unparse(ret.value)
+    for name, local in (
+        (r"common\.max_query_len", "max_query_len"),
+        (r"common\.num_actual_tokens", "num_actual_tokens"),
+        (r"common\.num_reqs", "common_attn_metadata.num_reqs"),
+        (r"\bnum_heads\b", "self._asm_heads"),
+        (r"\bcut\b", "self._asm_cut"),
+    ):
+        clauses = re.sub(name, local, clauses)
+    assert "common" not in clauses.replace("common_attn_metadata", "")
+    expected = ast.parse(f"bool(self._asm_scales) and {clauses}", mode="eval").body
+    assert ast.dump(decide.value) == ast.dump(expected)
+
+    plugin = _keywords(_call(runtime, "rocm_aiter_ops.pa_fwd_asm("))
+    forward = _node(written, "RocmAttentionImpl", "forward")
+    in_tree = _keywords(_call(forward, "rocm_aiter_ops.pa_fwd_asm(Q=query[:num_actual"))
+    renamed = {
+        "query": "query[:num_actual_tokens]",
+        "seq_lens": "seqused_k",
+        "output": "output[:num_actual_tokens]",
+        "ASM_PRECISION": "_ASM_PRECISION",
+    }
+    assert in_tree == {arg: renamed.get(value, value) for arg, value in plugin.items()}
+    assert len(set(plugin.values()) & renamed.keys()) == len(renamed)
+
+
 def added_text(root: Path, rel: Path) -> str:
     """What the change adds to a file (the whole file where it is new)."""
     import difflib
@@ -439,6 +500,13 @@ MOVED = {
         "        chunked_prefill_paged_decode(\n            query=query[:num_actual_tokens],",
         "        unified_paged_decode(\n            query=query[:num_actual_tokens],",
         "RocmAttentionImpl.forward: no call of chunked_prefill_paged_decode",
+        "1",
+    ),
+    "build-locals": (
+        upstream.ROCM_ATTN,
+        "        max_query_len = common_attn_metadata.max_query_len\n\n        max_seq_len",
+        "        query_len = common_attn_metadata.max_query_len\n\n        max_seq_len",
+        "RocmAttentionMetadataBuilder.build sets no num_actual_tokens or max_query_len",
         "1",
     ),
     "logger": (

@@ -128,8 +128,9 @@ def privatized(text: str) -> str:
     return re.sub(pattern, r"_\1", text)
 
 
-#: Runtime functions vLLM does not get: ``forward`` there calls the kernel itself.
-PLUGIN_ONLY = ("asm_decode",)
+#: Runtime functions vLLM does not get: ``forward`` there calls the kernel itself, and
+#: ``build`` decides the step in its own lines.
+PLUGIN_ONLY = ("asm_decode", "use_asm_decode")
 
 
 def without_plugin_only(block: str) -> str:
@@ -186,8 +187,11 @@ _BUILDER_INIT = """\
 
 _STAGE_1_CAP = """\
         keys = {key for both in self._asm_filled.values() for key in enumerate(both)}
-        if self._asm_filled and (old or len(keys) > 4):  # > 4: unbudgeted memory
-            why = f"AITER {version}, need 0.1.17" if old else f"{len(keys)} tables > 4"
+        most = self.vllm_config.scheduler_config.max_num_seqs * self._asm_heads
+        few = most <= self._asm_cut  # no step can pass the cut: tables for nothing
+        why = f"AITER {version}, need 0.1.17" if old else f"{len(keys)} tables > 4"
+        why = f"max_num_seqs x heads = {most} <= {self._asm_cut}" if few else why
+        if self._asm_filled and (old or len(keys) > 4 or few):  # > 4: unbudgeted memory
             logger.info_once("ROCM_ATTN: no AITER pa_fwd_asm decode (%s)", why)
             self._asm_filled = {}
 """
@@ -225,6 +229,7 @@ _STAGE_1_BIND = (
                 logger.debug("%s keeps HIP: %s", layer.layer_name, ", ".join(reasons))
             else:
                 self._asm_filled[layer] = (layer._k_scale_float, layer._v_scale_float)
+                self._asm_heads = layer.impl.num_heads  # the cut counts their heads
 """
     + _STAGE_1_CAP
     + _STAGE_1_TABLES_DECL
@@ -234,7 +239,6 @@ _STAGE_1_BIND = (
 """
     + _STAGE_1_TABLES
     + """\
-            self._asm_heads = layer.impl.num_heads  # the cut counts these layers' heads
         log = logger.info_once if self._asm_scales else logger.debug_once
         msg = "ROCM_ATTN: AITER pa_fwd_asm decodes %d of %d layers above %d query heads"
         log(msg, len(self._asm_scales), len(self.layer_names), self._asm_cut)
@@ -280,8 +284,11 @@ _BUILD_DECIDE = """\
         ):
             self._bind_asm_decode()
         self._follow_asm_reload()
-        use_asm = bool(self._asm_scales) and _use_asm_decode(
-            common_attn_metadata, self._asm_heads, self._asm_cut
+        use_asm = (  # a pure-decode step (one token per request) above the cut
+            bool(self._asm_scales)
+            and max_query_len == 1
+            and common_attn_metadata.num_reqs == num_actual_tokens
+            and num_actual_tokens * self._asm_heads > self._asm_cut
         )
 """
 
@@ -328,7 +335,10 @@ def stage1_rocm_attn(src: Source) -> None:
 
     build = src.find_def(builder, "build")
     where = f"{builder}.build"
-    _before_metadata(src, build, _BUILD_DECIDE, "use_asm_decode(", where)
+    local = {ast.unparse(t) for n in build.body if isinstance(n, ast.Assign) for t in n.targets}
+    if not {"num_actual_tokens", "max_query_len"} <= local:  # the step decision reads them
+        raise src.moved(f"{where} sets no num_actual_tokens or max_query_len")
+    _before_metadata(src, build, _BUILD_DECIDE, "use_asm =", where)
     build = src.find_def(builder, "build")
     call = _metadata_call(src, build, where)
     keywords = {k.arg: k for k in call.keywords}
@@ -485,7 +495,7 @@ _PREFILL_ONLY = """\
 
 
 def stage2_rocm_attn(src: Source) -> None:
-    add_runtime_block(src, "mixed", lambda: src.find("_use_asm_decode"))
+    add_runtime_block(src, "mixed", lambda: src.find("_asm_decode_rejections"))
 
     metadata = src.find("RocmAttentionMetadata")
     _append_to_body(src, metadata, _SPLIT_FIELD, "asm_split:", "RocmAttentionMetadata")
@@ -571,7 +581,7 @@ def stage2_paged_decode(src: Source) -> None:
 _STAGE_3_BIND = (
     _STAGE_1_BIND.replace(_STAGE_1_TABLES_DECL, "")
     .replace(_STAGE_1_CAP, _STAGE_1_CAP.split("\n", 1)[1])  # no cap: no keys
-    .replace("(old or len(keys) > 4):  # > 4: unbudgeted memory", "old:")
+    .replace("(old or len(keys) > 4 or few):  # > 4: unbudgeted memory", "(old or few):")
     .replace(' if old else f"{len(keys)} tables > 4"', "")
     .replace(
         _STAGE_1_TABLES,

@@ -243,9 +243,7 @@ def test_the_builder_binds_all_layers_or_none(tmp_path, gfx942, aiter, scales, n
     assert len(metadata.asm_scales) == n and metadata.use_asm_decode is bool(n)
     for x, (k, v) in metadata.asm_scales.items():  # each layer's own K and V scale
         assert (k == x._k_scale).all() and (v == x._v_scale).all()
-        assert (
-            k.shape == v.shape == (x.kv_cache.shape[0], 8, BLOCK) and k.is_contiguous()
-        )
+        assert k.shape == v.shape == (len(x.kv_cache), 8, BLOCK) and k.is_contiguous()
     model.run(query, metadata)  # then with a fused output quant: HIP's
     model.run(query, metadata, output_scale=torch.ones(1))
     assert (asm.call_count, hip.call_count) == (bool(n), 2 - bool(n))
@@ -257,10 +255,11 @@ def test_the_builder_binds_all_layers_or_none(tmp_path, gfx942, aiter, scales, n
     for lens in ([1] * 19, [1] * 20 + [2, 0], [1] * 20 + [0]):
         below = common([16] * len(lens), [[1]] * len(lens), lens)
         assert not model.builder.build(0, below).use_asm_decode
+    args = model.builder.kv_cache_spec, model.builder.layer_names, model.config
     other = type("Derived", (type(model.builder),), {})  # a backend built on ROCM_ATTN
-    spec, names = model.builder.kv_cache_spec, model.builder.layer_names
-    other = other(spec, names, model.config, torch.device("cpu"))
-    assert not other.build(0, step).asm_scales
+    assert not other(*args, torch.device("cpu")).build(0, step).asm_scales
+    model.config.scheduler_config.max_num_seqs = 19  # no step above the cut: no tables
+    assert not type(model.builder)(*args, torch.device("cpu")).build(0, step).asm_scales
 
 
 def rule(path, head=HEAD, block=BLOCK, lbhnc=False, mi3xx=True, model=None, n=4, **kw):
