@@ -190,7 +190,7 @@ def test_backends_built_on_rocm_attns_classes_keep_their_decode(tmp_path, kernel
     metadata = builder.build(0, batch.common)
     assert not getattr(metadata, "use_asm_decode", False)
     assert getattr(metadata, "asm_split", None) is None and not getattr(metadata, "asm_scales", {})
-    assert builder._asm_scales == {} and builder._asm_cut == 0  # never bound
+    assert builder._asm_scales == {} and builder._asm_filled == {}  # never bound
     assert cls.get_impl_cls().forward is not RocmAttentionImpl.forward
 
 

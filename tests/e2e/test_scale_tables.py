@@ -188,13 +188,14 @@ def test_a_reload_of_one_side_alone_is_followed(tmp_path, kernels, plugin_log, m
 
 
 @pytest.mark.skipif(not harness.IN_TREE, reason="the plugin gives such layers their own tables")
-@pytest.mark.parametrize("mode", ["NONE", "PIECEWISE"])
+@pytest.mark.parametrize("mode", ["NONE", "PIECEWISE", "FULL_AND_PIECEWISE"])
 def test_a_diverging_reload_of_allocated_shared_tables_sends_those_layers_to_hip(
     tmp_path, kernels, plugin_log, monkeypatch, mode
 ):
     """Stage 1 shares tables by value (so does stage 3 where tables are allocated): one
     layer reloaded to another scale than the others of its table cannot be right in a
-    captured graph; without graphs (--enforce-eager) it can fall back. The table keeps
+    captured graph of asm; where none was captured (whatever the graph mode: eager,
+    piecewise graphs, full graphs not yet captured or only of HIP) it falls back. The table keeps
     its scale, right for the layers that kept theirs
     (here the first, and the third whose V scale is the others' K scale): they keep asm.
     One error line names the moved layer; its eager steps run HIP. The step after
@@ -205,7 +206,7 @@ def test_a_diverging_reload_of_allocated_shared_tables_sends_those_layers_to_hip
 
     stock = harness.spy_stock_path(monkeypatch)
     model, checkpoint = fp8_checkpoint(tmp_path, [(0.5, 0.25)] * 2 + [(1.0, 0.5)])
-    # Eager, or piecewise graphs (attention runs eagerly).
+    # No graph captured from a step above the cut, in any graph mode.
     model.vllm_config.compilation_config.cudagraph_mode = CUDAGraphMode[mode]
     model.builder.build(0, harness.make_batch(model, [40] * 16).common)
     checkpoint.reload([(0.5, 0.25), (2.0, 0.25), (1.0, 0.5)])
@@ -233,21 +234,29 @@ def test_a_diverging_reload_of_allocated_shared_tables_sends_those_layers_to_hip
 
 
 @pytest.mark.skipif(not harness.IN_TREE, reason="the plugin gives such layers their own tables")
-@pytest.mark.parametrize("mode", ["FULL", "FULL_AND_PIECEWISE", "FULL_DECODE_ONLY"])
-def test_a_diverging_reload_of_allocated_shared_tables_under_full_graphs_stops_vllm(
-    tmp_path, kernels, plugin_log, mode
+@pytest.mark.parametrize(
+    ("captured", "held"), [(16, True), (4, False)], ids=["asm-graphs", "hip-graphs-only"]
+)
+def test_a_diverging_reload_of_allocated_shared_tables_stops_vllm_where_graphs_hold_them(
+    tmp_path, kernels, plugin_log, captured, held
 ):
-    """With FULL CUDA graphs captured, no fallback can make the moved layer right (its
-    graphs hold the shared table; under FULL, a drafter's decode graphs do): the next
-    build() raises, naming it and the remedy."""
-    from vllm.config import CUDAGraphMode
-
+    """A graph captured from build_for_cudagraph_capture() of a step above the cut holds
+    asm and the shared table: no fallback can make the moved layer right there, so the
+    next build() raises, naming it and the remedy. Where every captured graph holds HIP
+    (steps at or below the cut; cudagraph_mode=FULL's mixed graphs), its eager steps fall
+    back to HIP with one error line instead."""
     model, checkpoint = fp8_checkpoint(tmp_path, [(0.5, 0.25)] * 2)
-    model.vllm_config.compilation_config.cudagraph_mode = CUDAGraphMode[mode]
-    model.builder.build(0, harness.make_batch(model, [40] * 16).common)
+    # 16 or 4 requests of 40 query heads: above the cut of 2 x CUs, or below it.
+    model.builder.build_for_cudagraph_capture(harness.make_batch(model, [40] * captured).common)
     checkpoint.reload([(0.5, 0.25), (2.0, 0.25)])
+    batch = harness.make_batch(model, [40] * 16)
+    if not held:
+        assert model.builder.build(0, batch.common).use_asm_decode  # layer 0 still asm
+        assert any(f"KV scales of {model.names[1]} left" in m for m in plugin_log)
+        assert harness.asm_layers(model.builder) == {model.names[0]}
+        return
     with pytest.raises(RuntimeError, match=f"KV scales of {model.names[1]} left") as raised:
-        model.builder.build(0, harness.make_batch(model, [40] * 16).common)
+        model.builder.build(0, batch.common)
     assert str(raised.value).endswith(
         " (CUDA graphs hold them); for such reloads, VLLM_ROCM_USE_AITER_MHA=0 or PIECEWISE graphs"
     )

@@ -531,7 +531,7 @@ MOVED = {
         "        attn_metadata = self.build(\n            0, common_attn_metadata\n        )\n",
         "RocmAttentionMetadataBuilder.build_for_cudagraph_capture: no `attn_metadata = "
         "self.build(0, common_attn_metadata)`",
-        "2",
+        "1",
     ),
     "prefill-block": (
         upstream.PAGED_DECODE,

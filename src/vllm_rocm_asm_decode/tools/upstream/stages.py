@@ -182,6 +182,7 @@ _METADATA_FIELDS = """\
 
 _BUILDER_INIT = """\
         self._asm_cut = self._asm_heads = 0  # set when the layers are bound (build())
+        self._asm_in_graph = False  # whether a captured graph holds pa_fwd_asm
         self._asm_scales: dict[torch.nn.Module, tuple[torch.Tensor, torch.Tensor]] = {}
         self._asm_filled: dict[torch.nn.Module, tuple[float, float]] = {}"""
 
@@ -212,11 +213,14 @@ _STAGE_1_BIND = (
     def _bind_asm_decode(self) -> None:
         \"\"\"Give the layers pa_fwd_asm can decode per-slot scale tables, all or none.\"\"\"
         from vllm.platforms.rocm import on_mi3xx
+        from vllm.utils.platform_utils import num_compute_units
 
+        self._asm_cut = _ASM_HEADS_PER_CU * num_compute_units(self.device.index or 0)
+        on = rocm_aiter_ops.is_mha_enabled()  # off: VLLM_ROCM_USE_AITER(_MHA)=0
+        if not on or type(self) is not RocmAttentionMetadataBuilder:  # or built on it
+            return
         layers = self.vllm_config.compilation_config.static_forward_context
         model, mi3xx = self.vllm_config.model_config, on_mi3xx()
-        cus = current_platform.num_compute_units(self.device.index or 0)
-        self._asm_cut = _ASM_HEADS_PER_CU * cus
         try:  # AITER before 0.1.17 misreads KV block ids >= 65536 (AITER issue 3062)
             from aiter._version import __version__ as version
 
@@ -267,7 +271,7 @@ _STAGE_1_RELOAD = """\
         if stale:
             names = ", ".join(x.layer_name for x in stale)
             why = f"Reloaded KV scales of {names} left their shared asm scale tables"
-            if self.vllm_config.compilation_config.cudagraph_mode.has_full_cudagraphs():
+            if self._asm_in_graph:
                 fix = "for such reloads, VLLM_ROCM_USE_AITER_MHA=0 or PIECEWISE graphs"
                 raise RuntimeError(f"{why} (CUDA graphs hold them); {fix}")
             logger.error("%s: they now use the HIP decode", why)
@@ -277,11 +281,7 @@ _STAGE_1_RELOAD = """\
 _BUILDER_BIND = _STAGE_1_BIND + _STAGE_1_RELOAD
 
 _BUILD_DECIDE = """\
-        if (
-            not self._asm_cut
-            and type(self) is RocmAttentionMetadataBuilder  # not the ones built on it
-            and rocm_aiter_ops.is_mha_enabled()
-        ):
+        if not self._asm_cut:  # the first build() after the KV cache is bound
             self._bind_asm_decode()
         self._follow_asm_reload()
         use_asm = (  # a pure-decode step (one token per request) above the cut
@@ -311,6 +311,9 @@ _FORWARD_ASM = """\
 """
 
 
+_CAPTURE_HOLDS = "        self._asm_in_graph |= attn_metadata.use_asm_decode  # it holds the tables"
+
+
 def stage1_rocm_attn(src: Source) -> None:
     src.ensure_import("vllm.config", "ModelConfig")
     src.ensure_import("packaging.version", "InvalidVersion")
@@ -332,6 +335,14 @@ def stage1_rocm_attn(src: Source) -> None:
         later=(_STAGE_3_BIND + _STAGE_1_RELOAD,),
     ):
         src.insert_after_line(init.end_lineno or init.lineno, _BUILDER_BIND)
+
+    capture = src.find_def(builder, "build_for_cudagraph_capture")
+    where = f"{builder}.build_for_cudagraph_capture"
+    if not src.carries(_CAPTURE_HOLDS, "_asm_in_graph", capture, where):
+        anchor = src.statement(
+            capture, "attn_metadata = self.build(0, common_attn_metadata)", where
+        )
+        src.insert_after_line(anchor.end_lineno or anchor.lineno, _CAPTURE_HOLDS)
 
     build = src.find_def(builder, "build")
     where = f"{builder}.build"

@@ -17,7 +17,7 @@ from vllm.model_executor.layers.quantization.fp8 import Fp8Config
 from vllm.model_executor.model_loader.reload import record_metadata_for_reloading
 from vllm.model_executor.model_loader.reload.inplace import reload_weights
 from vllm.model_executor.model_loader.utils import process_weights_after_loading
-from vllm.platforms import current_platform
+from vllm.utils import platform_utils
 from vllm.utils.math_utils import cdiv
 from vllm.v1.attention.backend import CommonAttentionMetadata
 from vllm.v1.attention.backends import rocm_attn
@@ -57,7 +57,7 @@ def gfx942(monkeypatch):
     monkeypatch.setattr(rocm, "on_mi3xx", lambda: True, raising=False)
     version = SimpleNamespace(__version__="0.1.17")
     monkeypatch.setitem(sys.modules, "aiter._version", version)
-    monkeypatch.setattr(current_platform, "num_compute_units", lambda i=0: 304)
+    monkeypatch.setattr(platform_utils, "num_compute_units", lambda i=0: 304)
     monkeypatch.setattr(rocm_aiter_ops, "is_mha_enabled", lambda: True)
     monkeypatch.setattr(rocm_attn, "chunked_prefill_paged_decode", hip := mock.Mock())
     monkeypatch.setattr(rocm_aiter_ops, "pa_fwd_asm", asm := mock.Mock())
@@ -95,15 +95,15 @@ class Model(torch.nn.Module):
         record_metadata_for_reloading(self)
         self.load_weights(kv_scales(*scales))
         process_weights_after_loading(self, model, torch.device(dev))
+        self.attn, names = self.layers[0], [x.layer_name for x in self.layers]
+        spec = self.attn.get_kv_cache_spec(self.config)  # the builder first, as in vLLM
+        builder = self.attn.attn_backend.get_builder_cls()
+        self.builder = builder(spec, names, self.config, torch.device(dev))
         shape = (2, blocks, BLOCK, kvh * HEAD)  # on the GPU (8.6 GB for 4 GiB apart)
         codes = torch.randint(1, 65, shape, dtype=torch.uint8, device=dev)  # <= 2.0
         codes |= torch.randint_like(codes, 0, 2).bitwise_left_shift_(7)  # never NaN
         for layer in self.to(dev).layers:
             layer.kv_cache = codes.transpose(0, 1)  # vLLM's [blocks, 2, ...] view
-        self.attn, names = self.layers[0], [x.layer_name for x in self.layers]
-        spec = self.attn.get_kv_cache_spec(self.config)
-        builder = self.attn.attn_backend.get_builder_cls()
-        self.builder = builder(spec, names, self.config, torch.device(dev))
 
     def load_weights(self, weights):  # as a model's: each through its loader
         for name, tensor in weights:
@@ -117,16 +117,15 @@ class Model(torch.nn.Module):
 
 
 def common(seq_lens, pages, query_lens=None, device="cpu"):
-    query_lens = query_lens or [1] * len(seq_lens)
+    n, query_lens = len(seq_lens), query_lens or [1] * len(seq_lens)
     start = torch.tensor([0, *query_lens]).cumsum(0).to(torch.int32)
     lens, width = torch.tensor(seq_lens, dtype=torch.int32), max(map(len, pages))
     table = torch.tensor([p + [0] * (width - len(p)) for p in pages], dtype=torch.int32)
-    n, tokens = len(seq_lens), sum(query_lens)
     # On the device, copies: a capture zeroes query_start_loc and fills seq_lens with 1.
     gpu = dict(query_start_loc=start, seq_lens=lens, block_table_tensor=table)
-    gpu |= dict(slot_mapping=torch.full((tokens,), -1))  # no KV written
+    gpu |= dict(slot_mapping=torch.full((sum(query_lens),), -1))  # no KV written
     host = dict(query_start_loc_cpu=start, seq_lens_cpu_upper_bound=lens, num_reqs=n)
-    host |= dict(num_actual_tokens=tokens, max_query_len=max(query_lens))
+    host |= dict(num_actual_tokens=sum(query_lens), max_query_len=max(query_lens))
     gpu = {name: x.to(device, copy=True) for name, x in gpu.items()}
     return CommonAttentionMetadata(**gpu, **host, max_seq_len=max(seq_lens))
 
@@ -134,7 +133,7 @@ def common(seq_lens, pages, query_lens=None, device="cpu"):
 def decode(path, heads=40, kvh=8, dev=None, dtype=torch.bfloat16, **kw):
     """A decode step just above the cut, then PAD rows of FULL-graph padding."""
     dev = dev or DEVICE
-    n = 2 * current_platform.num_compute_units() // heads + 1
+    n = 2 * platform_utils.num_compute_units() // heads + 1
     seq_lens = [CONTEXTS[i % len(CONTEXTS)] for i in range(n)] + [0] * PAD
     free = (torch.randperm(sum(cdiv(s, BLOCK) for s in seq_lens)) + 1).tolist()
     model = Model(path, heads, kvh, len(free) + 1, dev, dtype, **kw)
@@ -150,8 +149,8 @@ GQA |= {"fp16-5": (5, torch.float16)}
 @requires_asm
 @pytest.mark.parametrize(("gqa", "dtype"), GQA.values(), ids=GQA)
 def test_every_admitted_gqa_ratio(tmp_path, gqa, dtype):
-    """K/V scales 0.5/2: a swapped or lost one is off 4x. A NaN in a padding row would
-    reach real tokens through a dynamic per-tensor output quant."""
+    """K/V scales 0.5/2: a swapped one is off 4x, a lost one 2x. A NaN in a padding row
+    would reach real tokens through a dynamic per-tensor output quant."""
     import aiter
 
     model, step, query = decode(tmp_path, 8 * gqa, 8, dtype=dtype)
@@ -174,7 +173,7 @@ def test_pages_over_4_gib_apart_read_as_adjacent_ones(tmp_path):
     far, near = [p for i in range(16) for p in (1 + i, end - i)], list(range(17, 49))
     for plane in model.attn.kv_cache.unbind(1):  # the same content on adjacent pages
         plane[near] = plane[far]
-    n = 2 * (current_platform.num_compute_units() // 64 + 1)  # above the cut
+    n = 2 * (platform_utils.num_compute_units() // 64 + 1)  # above the cut
     query = torch.randn(1, 64, HEAD).to(DEVICE, torch.bfloat16).expand(n, -1, -1)
     step = common([512] * n, [far, near] * (n // 2), device=DEVICE)
     metadata = model.builder.build(0, step)
@@ -202,14 +201,16 @@ def test_a_captured_graph_replays_asm_and_follows_a_weight_reload(tmp_path):
         torch.testing.assert_close(out[:-PAD].float(), hip, atol=ASM_MAX * v, rtol=0)
 
 
-@pytest.mark.parametrize("mode", ["FULL_AND_PIECEWISE", "PIECEWISE"])
-def test_a_reload_that_parts_the_layers_of_a_table(tmp_path, gfx942, mode):
+@pytest.mark.parametrize("captured", [True, False], ids=["in-a-graph", "eager"])
+def test_a_reload_that_parts_the_layers_of_a_table(tmp_path, gfx942, captured):
     model, step, query = decode(tmp_path, dev="cpu", scales=[(1.0, 1.0)] * 2)
-    model.config.compilation_config.cudagraph_mode = cfg.CUDAGraphMode[mode]
     (k0, v0), (k1, v1) = model.builder.build(0, step).asm_scales.values()
     assert k0 is k1 and v0 is v1
+    if captured:  # graphs of asm, then of HIP (vLLM captures the largest first)
+        model.builder.build_for_cudagraph_capture(step)
+        model.builder.build_for_cudagraph_capture(common([16], [[1]]))
     reload_weights(model.config, model, kv_scales((1.0, 2.0), (0.5, 2.0)), None, True)
-    if mode != "PIECEWISE":  # vLLM's default: full graphs of decode steps
+    if captured:
         with pytest.raises(RuntimeError, match=r"layers\.1 left .*_AITER_MHA=0 or"):
             model.builder.build(0, step)
     else:
