@@ -321,7 +321,8 @@ def stage1_rocm_attn(src: Source) -> None:
     add_runtime_block(src, "core", lambda: _logger(src))
 
     metadata = src.find("RocmAttentionMetadata")
-    _append_to_body(src, metadata, _METADATA_FIELDS, "use_asm_decode:", "RocmAttentionMetadata")
+    fields = (_METADATA_FIELDS, "use_asm_decode:", "RocmAttentionMetadata")
+    _append_to_body(src, metadata, *fields, lead="\n")
 
     builder = "RocmAttentionMetadataBuilder"
     init = src.find_def(builder, "__init__")
