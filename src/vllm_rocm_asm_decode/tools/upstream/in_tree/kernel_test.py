@@ -50,8 +50,7 @@ def _aiter_on_seeded(monkeypatch):
 
 @pytest.fixture
 def gfx942(monkeypatch):
-    """The builder's host logic on the CPU: gfx942, 304 CUs, AITER 0.1.17; the HIP and
-    asm decodes mocked."""
+    """The CPU as gfx942 (304 CUs) with AITER 0.1.17; the HIP and asm decodes mocked."""
     rocm = sys.modules.get("vllm.platforms.rocm", SimpleNamespace())  # imports on ROCm
     monkeypatch.setitem(sys.modules, "vllm.platforms.rocm", rocm)
     monkeypatch.setattr(rocm, "on_mi3xx", lambda: True, raising=False)
@@ -248,10 +247,11 @@ def test_the_builder_binds_all_layers_or_none(tmp_path, gfx942, aiter, scales, n
     model.run(query, metadata)  # then with a fused output quant: HIP's
     model.run(query, metadata, output_scale=torch.ones(1))
     assert (asm.call_count, hip.call_count) == (bool(n), 2 - bool(n))
-    if n:  # the precision, layer 0's own K and V tables, AITER's 5-D pages
-        kw, (k, v) = asm.call_args.kwargs, metadata.asm_scales[model.attn]
-        assert kw["high_precision"] == 2 and kw["K_QScale"] is k and kw["V_QScale"] is v
-        assert [kw[x].shape[1:] for x in "KV"] == [(8, 8, 16, 16), (8, 1, 128, 16)]
+    if not n:  # else: the precision, layer 0's own K and V tables, AITER's 5-D pages
+        return
+    kw, (k, v) = asm.call_args.kwargs, metadata.asm_scales[model.attn]
+    assert kw["high_precision"] == 2 and kw["K_QScale"] is k and kw["V_QScale"] is v
+    assert [kw[x].shape[1:] for x in "KV"] == [(8, 8, 16, 16), (8, 1, 128, 16)]
     # 19 x 32 query heads: at the cut (2 x 304 CUs); 20 with a prefill or a padding row
     for lens in ([1] * 19, [1] * 20 + [2, 0], [1] * 20 + [0]):
         below = common([16] * len(lens), [[1]] * len(lens), lens)
