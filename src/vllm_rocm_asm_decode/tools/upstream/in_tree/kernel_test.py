@@ -278,7 +278,7 @@ EDGE = dict(num_heads=64, kv_cache_dtype="fp8_e4m3")  # GQA 8, fp16, 40960
 EDGE |= dict(model=dict(dtype=torch.float16, max_model_len=40960))
 WRONG = dict(mi3xx=False, kv_cache_dtype="fp8_e5m2", block=32, head=256, num_heads=72)
 WRONG |= dict(scale=0.1, sliding_window=64, alibi_slopes=[0.5] * 72, lbhnc=True)
-WRONG |= dict(logits_soft_cap=30.0, sinks=torch.zeros(72), n=2**22)  # 2**25 slots
+WRONG |= dict(logits_soft_cap=30.0, sinks=torch.zeros(72), n=2**22)  # 2**25 block-heads
 WRONG |= dict(model=dict(dtype=torch.float32, max_model_len=40961))
 REASONS = (  # one for each clause, in the rule's order
     "a GPU other than gfx942/gfx950; fp8_e5m2 KV cache; block size 32; head size 256; "
