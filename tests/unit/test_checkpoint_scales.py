@@ -512,3 +512,21 @@ def test_a_scale_of_ten_million_elements_is_checked_in_one_pass(tmp_path):
     with pytest.raises(CheckpointError, match=r"k_scale holds nan"):
         read_kv_scales(tmp_path)
     assert time.monotonic() - began < 10
+
+
+def test_an_unreadable_checkpoint_file_is_named_with_the_systems_reason(tmp_path, monkeypatch):
+    """safetensors reports a file it may not open as missing (ENOENT): the reader asks the
+    system first, so the line says why (here as a non-root user would see it)."""
+    from vllm_rocm_asm_decode.tools import checkpoint_scales
+
+    path = write(
+        tmp_path / "model.safetensors", {"model.layers.0.self_attn.k_scale": torch.tensor(0.5)}
+    )
+
+    def refuse(file, *args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(file))
+
+    monkeypatch.setattr(checkpoint_scales, "open", refuse, raising=False)
+    with pytest.raises(CheckpointError) as raised:
+        read_kv_scales(tmp_path)
+    assert str(raised.value) == f"cannot read {path}: Permission denied"

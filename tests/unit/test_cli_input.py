@@ -723,6 +723,52 @@ def test_the_heavy_commands_say_what_is_missing_without_torch_or_vllm(monkeypatc
         assert line.startswith(f"vllm-rocm-asm-decode {' '.join(argv)}: error: torch not ")
 
 
+def test_the_heavy_commands_refuse_another_vllm_and_doctor_reports_it(monkeypatch, capsys):
+    """A vLLM of another series, or one that moved what the plugin builds on (here: as
+    ``vllm_mismatch`` reads it from the source, without importing it), is one line and
+    exit 2 before any of it is imported; doctor reports it as its ``vllm`` check."""
+    from vllm_rocm_asm_decode import vllm_support
+
+    why = "vLLM 0.34.0 is not 0.33.x, the vLLM this release extends"
+    monkeypatch.setattr(vllm_support, "vllm_mismatch", lambda *a, **k: why)
+    for argv in (["plan"], ["bench", "kernel"], ["check", "accuracy"]):
+        assert run(argv) == 2
+        (line,) = capsys.readouterr().err.strip().splitlines()
+        assert line == (
+            f"vllm-rocm-asm-decode {' '.join(argv)}: error: {why} (pip install vllm==0.33.* "
+            "for this release)"
+        )
+
+
+def test_doctor_imports_nothing_of_vllm_before_it_judges_it():
+    """So that a vLLM missing what the plugin builds on is a FAIL line, not a traceback."""
+    code = (
+        "import sys, vllm_rocm_asm_decode.tools.doctor as d; "
+        "print(sorted(m for m in sys.modules if m == 'vllm' or m.startswith('vllm.')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_a_model_directory_that_cannot_be_looked_into_is_one_line(monkeypatch, tmp_path):
+    """Without search permission on it (as a non-root user), checking for its config.json
+    raises PermissionError from pathlib: said as the system says it."""
+    import pathlib
+
+    real = pathlib.Path.is_dir
+
+    def is_dir(path):
+        if path.name == "config.json":
+            raise PermissionError(13, "Permission denied", str(path))
+        return real(path)
+
+    (tmp_path / "m0").mkdir()
+    monkeypatch.setattr(pathlib.Path, "is_dir", is_dir)
+    with pytest.raises(choices.InputError) as raised:
+        choices.resolve_model_dir(str(tmp_path / "m0"))
+    assert str(raised.value) == f"cannot read {tmp_path / 'm0' / 'config.json'}: Permission denied"
+
+
 def test_bench_serve_refuses_a_taken_port_and_a_plot_without_matplotlib(monkeypatch, capsys):
     import importlib.util
     import socket

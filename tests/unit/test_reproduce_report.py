@@ -278,6 +278,18 @@ def test_an_input_error_is_one_line_and_exit_2(args, says, capsys, tmp_path):
     assert not (tmp_path / "out").exists()  # nothing written
 
 
+def test_a_switch_value_doctor_would_refuse_is_refused_before_the_run(
+    capsys, tmp_path, monkeypatch
+):
+    """The arms set VLLM_ROCM_ASM_DECODE themselves, but the doctor step reads the
+    user's: a value it does not understand stops the run at once, not after doctor."""
+    monkeypatch.setenv("VLLM_ROCM_ASM_DECODE", "yes")
+    code = cli.main(["reproduce", "--out", str(tmp_path / "out"), *M, *_stand_ins()])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and not (tmp_path / "out").exists()
+    assert "VLLM_ROCM_ASM_DECODE='yes' is not understood" in err and "doctor step" in err
+
+
 def test_a_rerun_with_other_options_into_the_same_out_is_refused(capsys, tmp_path):
     out = _settings_file(tmp_path)
     code = cli.main(["reproduce", "--model", "m", "--out", str(out), *_stand_ins()])

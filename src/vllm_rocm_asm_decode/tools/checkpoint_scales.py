@@ -191,6 +191,8 @@ def read_kv_scales(model_dir: Path) -> KvScales | None:
     per_head: list[tuple[str, tuple[int, ...]]] = []
     for path, names in _files_to_open(model_dir).items():
         try:
+            with open(path, "rb"):  # the system's reason (safetensors says ENOENT for EACCES)
+                pass
             with safe_open(str(path), framework="pt") as f:
                 present = set(f.keys())
                 if names is None:
@@ -202,7 +204,8 @@ def read_kv_scales(model_dir: Path) -> KvScales | None:
                     )
                 values = {n: f.get_tensor(n) for n in names}
         except (SafetensorError, OSError, RuntimeError) as exc:
-            raise CheckpointError(f"cannot read {path}: {_first_line(exc)}") from exc
+            why = getattr(exc, "strerror", None) or _first_line(exc)
+            raise CheckpointError(f"cannot read {path}: {why}") from exc
         for name, tensor in values.items():
             if tensor.numel() == 0:
                 raise CheckpointError(f"{path}: KV scale {name} is empty")

@@ -109,8 +109,16 @@ def resolve_model_dir(model: str) -> tuple[Path, str]:
 
     A name that is both a preset and a directory with a ``config.json`` here is the
     directory (what the user pointed at); anything written as a path (``/``, ``.``,
-    ``~``) is always a path.
+    ``~``) is always a path. A directory that cannot be looked into is one line.
     """
+    try:
+        return _resolve_model_dir(model)
+    except OSError as exc:  # a directory without search permission, on the way or itself
+        where = exc.filename or model
+        raise InputError(f"cannot read {where}: {exc.strerror or first_line(exc)}") from exc
+
+
+def _resolve_model_dir(model: str) -> tuple[Path, str]:
     path = Path(model).expanduser()
     if not model.strip():
         raise InputError("--model is empty; give a preset or a local model directory")

@@ -622,6 +622,8 @@ def _plan(args: argparse.Namespace) -> int:
             args.block_size,
             args.num_gpu_blocks,
         )
+        if mismatch := _vllm_problem():
+            raise choices.InputError(mismatch)
         with _said_after(NOTE_AFTER, f"{PROG} plan: loading vLLM to read {label} ..."):
             from .plan import make_plan, render
 
@@ -736,9 +738,9 @@ def _say(line: str) -> None:
 
 
 def _doctor(args: argparse.Namespace) -> int:
-    from .doctor import render, run
-
     try:
+        from .doctor import render, run
+
         report = run()
     except Exception as exc:  # an environment too broken to describe: say so in one line
         text = str(exc).strip().splitlines()
@@ -772,6 +774,19 @@ def _missing_runtime() -> str | None:
         f"{' and '.join(lacking)} not installed here: this command runs vLLM's own code "
         "(vLLM's ROCm image has both; elsewhere pip install vllm==0.33.*)"
     )
+
+
+def _vllm_problem() -> str | None:
+    """Why the vLLM on the path is not one this release runs on (another series, or
+    what the plugin builds on moved), read from its source before any of it is imported
+    (``plan``, ``bench kernel`` and ``check accuracy`` ask it once their own input is
+    judged; ``doctor`` reports it as a check); None when it is."""
+    from ..vllm_support import vllm_mismatch
+
+    mismatch = vllm_mismatch()
+    if mismatch is None:
+        return None
+    return f"{mismatch} (pip install vllm==0.33.* for this release)"
 
 
 def _settings_problem() -> str | None:
@@ -1093,7 +1108,7 @@ def _main(argv: list[str] | None) -> int:
         if problem := choices.accuracy_memory_problem(args.heads, args.contexts):
             print(f"{PROG} check accuracy: error: {problem}", file=sys.stderr)
             return 2
-        if problem := _settings_problem():
+        if problem := _settings_problem() or _vllm_problem():
             print(f"{PROG} check accuracy: error: {problem}", file=sys.stderr)
             return 2
         from .validation.accuracy import main as check_accuracy
@@ -1205,7 +1220,7 @@ def _bench_kernel(args: argparse.Namespace) -> int:
             f"--skew times long sequences of up to {kb.SKEW_LONG[-1]} tokens among short "
             f"ones: give a --contexts value below {kb.SKEW_LONG[-1]}"
         )
-    problem = problem or kb.memory_problem(args) or _settings_problem()
+    problem = problem or kb.memory_problem(args) or _settings_problem() or _vllm_problem()
     if problem:
         print(f"{PROG} bench kernel: error: {problem}", file=sys.stderr)
         return 2

@@ -30,7 +30,7 @@ from .. import settings
 from ..aiter_version import BLOCK_ID_LIMIT, FIRST_FIXED, AiterBuild, describe, installed_version
 from ..kernel_table import ULTRA_PRECISION, KernelTable
 from ..skew import ASM_SKEW_HEAD_TOKENS, ASM_SKEW_RATIO
-from .validation.selftest import Check
+from .validation.check import Check
 
 ENTRY_POINT = settings.ENTRY_POINT
 EXIT_MEANINGS = {

@@ -173,6 +173,7 @@ def out_problem(out: str) -> str | None:
 def problem(args: argparse.Namespace, stored: dict | None) -> str | None:
     """The first thing wrong with these options, in one line; None when nothing is.
     ``stored``: the settings of the reproduction already in ``--out``, if any."""
+    from ... import settings as plugin_settings
     from ..validation import serve_bench as sb
 
     settings = settings_of(args)
@@ -214,6 +215,9 @@ def problem(args: argparse.Namespace, stored: dict | None) -> str | None:
         return why
     if bad := choices.plugin_settings_problem():
         return bad
+    switch = f"{plugin_settings.SWITCH_ENV}="
+    if bad := [p for p in plugin_settings.problems() if p.startswith(switch)]:
+        return f"{bad[0]} (its doctor step reads it; the serving arms set their own)"
     try:
         socket.getaddrinfo(args.host, args.port)
     except (OSError, UnicodeError) as exc:

@@ -29,7 +29,6 @@ import contextlib
 import os
 import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -37,17 +36,11 @@ import torch
 from ... import page_span, settings
 from ...aiter_version import BLOCK_ID_LIMIT, OFFSET_LIMIT, safe_blocks
 from .. import testbed
+from .check import Check
 from .tolerances import MAX_TOL, MEAN_TOL
 
 #: Context lengths of the accuracy probe (those of ``check accuracy``).
 ACCURACY_CONTEXTS = (1, 15, 16, 17, 255, 1000, 4000)
-
-
-@dataclass
-class Check:
-    name: str
-    ok: bool
-    detail: str
 
 
 def sequences_above_cut(heads: int) -> int:

@@ -1,0 +1,13 @@
+"""One named check and its outcome, as ``doctor`` and the self-tests report them (no
+import of vLLM or torch, so that ``doctor`` can report an environment without them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    detail: str
