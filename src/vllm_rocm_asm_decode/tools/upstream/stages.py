@@ -337,13 +337,7 @@ def stage1_rocm_attn(src: Source) -> None:
     ):
         src.insert_after_line(init.end_lineno or init.lineno, _BUILDER_BIND)
 
-    capture = src.find_def(builder, "build_for_cudagraph_capture")
-    where = f"{builder}.build_for_cudagraph_capture"
-    if not src.carries(_CAPTURE_HOLDS, "_asm_in_graph", capture, where):
-        anchor = src.statement(
-            capture, "attn_metadata = self.build(0, common_attn_metadata)", where
-        )
-        src.insert_after_line(anchor.end_lineno or anchor.lineno, _CAPTURE_HOLDS)
+    _after_capture_build(src, _CAPTURE_HOLDS, "_asm_in_graph")
 
     build = src.find_def(builder, "build")
     where = f"{builder}.build"
@@ -373,6 +367,19 @@ def stage1_rocm_attn(src: Source) -> None:
             raise src.moved(f"{where}({', '.join(names)}) has no layer or output_scale")
         call = src.call_statement(forward, "chunked_prefill_paged_decode", where)
         src.insert_after_line(src.comment_start(call) - 1, _FORWARD_ASM.rstrip("\n"))
+
+
+def _after_capture_build(src: Source, line: str, marker: str) -> None:
+    """``line`` right after ``build_for_cudagraph_capture``'s own ``build()`` call,
+    unless it is there."""
+    builder = "RocmAttentionMetadataBuilder"
+    capture = src.find_def(builder, "build_for_cudagraph_capture")
+    where = f"{builder}.build_for_cudagraph_capture"
+    if not src.carries(line, marker, capture, where):
+        anchor = src.statement(
+            capture, "attn_metadata = self.build(0, common_attn_metadata)", where
+        )
+        src.insert_after_line(anchor.end_lineno or anchor.lineno, line)
 
 
 def _metadata_assignment(src: Source, build: ast.FunctionDef) -> str:
@@ -526,13 +533,7 @@ def stage2_rocm_attn(src: Source) -> None:
             raise src.moved(f"{where}: RocmAttentionMetadata(...) has no asm_scales=")
         src.add_item_after(keywords["asm_scales"], "asm_split=asm_split")
 
-    capture = src.find_def(builder, "build_for_cudagraph_capture")
-    where = f"{builder}.build_for_cudagraph_capture"
-    if not src.carries(_SPLIT_CAPTURE, "asm_split", capture, where):
-        anchor = src.statement(
-            capture, "attn_metadata = self.build(0, common_attn_metadata)", where
-        )
-        src.insert_after_line(anchor.end_lineno or anchor.lineno, _SPLIT_CAPTURE)
+    _after_capture_build(src, _SPLIT_CAPTURE, "asm_split")
 
     forward = src.find_def("RocmAttentionImpl", "forward")
     where = "RocmAttentionImpl.forward"
