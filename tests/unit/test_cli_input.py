@@ -31,6 +31,10 @@ LONG_DIR = "/tmp/no-such-dir-here/" + "b" * 300
 UNDER_FILE = f"{__file__}/results"
 SHAREGPT_ON_DEV_NULL = ["--dataset=sharegpt", "--dataset-path=/dev/null"]
 CASES = {
+    "top-level-typo": (
+        ["--versio"],
+        "vllm-rocm-asm-decode: error: unrecognized arguments: --versio (give a command first",
+    ),
     "tp-zero": (["plan", "-tp", "0"], "argument --tensor-parallel-size/-tp: 0 must be at least 1"),
     "block-word": (["plan", "--block-size", "x"], "argument --block-size: 'x' is not a whole"),
     "blocks-zero": (["plan", "--num-gpu-blocks", "0"], "--num-gpu-blocks: 0 must be at least 1"),

@@ -1061,6 +1061,9 @@ def _main(argv: list[str] | None) -> int:
     argv = _glue_serve_args(list(sys.argv[1:] if argv is None else argv))
     _running[:] = _command_words(argv)  # for what --help, while parsing, cannot write
     parser = build_parser()
+    if argv and argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version"):
+        # Before argparse, which would only miss the command.
+        parser.error(f"unrecognized arguments: {argv[0]} (give a command first; see --help)")
     args, extra = parser.parse_known_args(argv)
     if extra:  # said by the subcommand's parser, so the line names the subcommand
         _leaf_parser(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
