@@ -216,8 +216,8 @@ _STAGE_1_BIND = (
         from vllm.utils.platform_utils import num_compute_units
 
         self._asm_cut = _ASM_HEADS_PER_CU * num_compute_units(self.device.index or 0)
-        on = rocm_aiter_ops.is_mha_enabled()  # off: VLLM_ROCM_USE_AITER(_MHA)=0
-        if not on or type(self) is not RocmAttentionMetadataBuilder:  # or built on it
+        mha = rocm_aiter_ops.is_mha_enabled()  # False with VLLM_ROCM_USE_AITER(_MHA)=0
+        if not mha or type(self) is not RocmAttentionMetadataBuilder:  # not subclasses
             return
         layers = self.vllm_config.compilation_config.static_forward_context
         model, mi3xx = self.vllm_config.model_config, on_mi3xx()
