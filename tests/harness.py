@@ -76,14 +76,15 @@ def rule(name: str):
 
 
 def asm_enabled(builder) -> bool:
-    """Whether this builder may run the asm decode at all (ROCM_ATTN's own builder, with
-    AITER's MHA on)."""
+    """Whether this builder may run the asm decode at all (ROCM_ATTN's own builder, its
+    switch and AITER's MHA on)."""
     if IN_TREE:
         from vllm._aiter_ops import rocm_aiter_ops
         from vllm.v1.attention.backends.rocm_attn import RocmAttentionMetadataBuilder
 
         own = type(builder) is RocmAttentionMetadataBuilder
-        return own and bool(rocm_aiter_ops.is_mha_enabled())
+        on = builder.vllm_config.attention_config.use_aiter_asm_decode  # its switch
+        return own and on and bool(rocm_aiter_ops.is_mha_enabled())
     return builder.asm_settings is not None
 
 

@@ -113,7 +113,7 @@ def test_the_plugin_stays_inactive_on_a_vllm_that_carries_the_change(monkeypatch
     assert AttentionBackendEnum.ROCM_ATTN.get_class().__module__.startswith("vllm.v1.")
     inactive = [m for m in messages if "plugin inactive" in m]
     assert len(inactive) == 1 and "already carries the ROCM_ATTN asm decode" in inactive[0]
-    assert "VLLM_ROCM_USE_AITER_MHA=0 turns it off there" in inactive[0]
+    assert "--attention-config.use_aiter_asm_decode=false turns it off there" in inactive[0]
     assert sum("TRUST_AITER='maybe'" in m and "ignored" in m for m in messages) == 1
 
 
@@ -240,8 +240,26 @@ def test_rocm_aiter_fa_makes_its_tables_the_same_way(tmp_path, monkeypatch, requ
 
 
 @in_tree_only
-def test_its_only_off_switch_is_aiters_mha_switch(tmp_path, kernels, monkeypatch):
-    """No setting of its own: ``VLLM_ROCM_USE_AITER_MHA=0`` keeps every step on HIP."""
+def test_its_attention_config_switch_keeps_every_step_on_hip(tmp_path, kernels):
+    """``--attention-config.use_aiter_asm_decode=false``, as vLLM's own CLI parses it
+    (no environment variable of its own); on by default."""
+    from vllm.config import AttentionConfig
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = EngineArgs.add_cli_args(FlexibleArgumentParser())
+    for argv, on in (([], True), (["--attention-config.use_aiter_asm_decode=false"], False)):
+        parsed = parser.parse_args(argv).attention_config  # as EngineArgs takes it
+        config = parsed if isinstance(parsed, AttentionConfig) else AttentionConfig(**parsed)
+        model = harness.build_model(tmp_path / str(on), num_layers=1)
+        model.builder.vllm_config.attention_config = config  # before the first build()
+        metadata = model.builder.build(0, harness.make_batch(model, [20] * 64).common)
+        assert harness.asm_enabled(model.builder) is metadata.use_asm_decode is on
+
+
+@in_tree_only
+def test_aiters_mha_switch_turns_it_off_too(tmp_path, kernels, monkeypatch):
+    """``VLLM_ROCM_USE_AITER_MHA=0`` keeps every step on HIP."""
     from vllm._aiter_ops import rocm_aiter_ops
 
     monkeypatch.setenv("VLLM_ROCM_USE_AITER_MHA", "0")

@@ -25,7 +25,13 @@ from vllm_rocm_asm_decode.tools import upstream
 from vllm_rocm_asm_decode.tools.cli import main
 
 RUNTIME = Path(upstream.__file__).resolve().parents[2]
-EDITED = (upstream.ROCM_ATTN, upstream.AITER_OPS, upstream.PAGED_DECODE, upstream.ROCM_AITER_FA)
+EDITED = (
+    upstream.ROCM_ATTN,
+    upstream.AITER_OPS,
+    upstream.ATTENTION_CONFIG,
+    upstream.PAGED_DECODE,
+    upstream.ROCM_AITER_FA,
+)
 
 
 def installed_vllm() -> Path:
@@ -75,7 +81,7 @@ def test_check_writes_nothing_apply_writes_the_same_and_a_second_apply_nothing(t
     stat, _, text = applied.partition("\n--- pull-request text, stage 1 ---\n")
     assert checked.splitlines()[1:] == stat.splitlines()[1:]  # the same diff stat
     assert text == upstream.pr_text(1) and "pull-request text" not in checked
-    assert "3 files changed" in applied and "(new)" in applied
+    assert "4 files changed" in applied and "(new)" in applied
     after = snapshot(tree)
     for argv in ((str(tree),), (str(tree), "--check"), (str(tree), "--stage", "1")):
         code, again, _ = run(capsys, *argv)
@@ -112,7 +118,8 @@ def test_a_stage_that_is_not_there_is_one_line(tree, capsys, stage):
 
 def test_stage_1_is_about_a_hundred_lines_inside_rocm_attn_py(tree):
     """The first pull request: at most 150 lines added to vLLM's own files outside
-    tests/ (the review's aim: about 100), no new file under vllm/, no new setting."""
+    tests/ (the review's aim: about 100), no new file under vllm/, no new environment
+    variable (its switch is a field of AttentionConfig)."""
     import difflib
 
     envs = (tree / "vllm/envs.py").read_text()
@@ -127,8 +134,15 @@ def test_stage_1_is_about_a_hundred_lines_inside_rocm_attn_py(tree):
         old = (tree / rel).read_text().splitlines()
         diff = difflib.unified_diff(old, text.splitlines(), lineterm="", n=0)
         added += sum(1 for d in diff if d.startswith("+") and not d.startswith("+++"))
-    assert set(files) == {upstream.ROCM_ATTN, upstream.AITER_OPS, upstream.KERNEL_TEST}
+    edited = {upstream.ROCM_ATTN, upstream.AITER_OPS, upstream.ATTENTION_CONFIG}
+    assert set(files) == edited | {upstream.KERNEL_TEST}
     assert added <= 150, added
+    # Its switch is a field of AttentionConfig (no environment variable), on by default.
+    old = (tree / upstream.ATTENTION_CONFIG).read_text().splitlines()
+    new = files[upstream.ATTENTION_CONFIG].splitlines()
+    added_lines = list(difflib.unified_diff(old, new, lineterm="", n=0))[3:]  # one hunk
+    assert [d[:1] for d in added_lines] == ["+"] * 3
+    assert added_lines[1] == "+    use_aiter_asm_decode: bool = True"
     assert Path("vllm/envs.py") not in files and (tree / "vllm/envs.py").read_text() == envs
     text = files[upstream.ROCM_ATTN]
     assert "class AsmDecode" not in text.split("class RocmAttentionMetadata:")[0]  # no mixin
@@ -261,8 +275,8 @@ def test_a_symlinked_file_is_replaced_not_written_through(tree, tmp_path):
     ("old", "new", "where"),
     [
         (
-            "self._asm_cut = self._asm_heads = 0  # set when the layers are bound (build())",
-            "self._asm_cut = self._asm_heads = 0  # set at the first build()",
+            "self._asm_cut, self._asm_in_graph = 0, False  # set when bound, when captured",
+            "self._asm_cut, self._asm_in_graph = 0, False  # set at the first build()",
             "RocmAttentionMetadataBuilder.__init__",
         ),
         (
@@ -401,7 +415,7 @@ def test_stage_1s_inline_decision_and_call_are_the_cores(applied):
         (r"common\.max_query_len", "max_query_len"),
         (r"common\.num_actual_tokens", "num_actual_tokens"),
         (r"common\.num_reqs", "common_attn_metadata.num_reqs"),
-        (r"\bnum_heads\b", "self._asm_heads"),
+        (r"\bnum_heads\b", "self.num_heads_q"),
         (r"\bcut\b", "self._asm_cut"),
     ):
         clauses = re.sub(name, local, clauses)
@@ -907,7 +921,7 @@ def test_a_new_file_already_there_as_upstream_writes_it_is_left_alone(tree, caps
         shutil.copyfile(reference / rel, tree / rel)
     code, out, _ = run(capsys, str(tree), "--stage", "3")
     stat = out.split("\n--- pull-request text")[0]
-    assert code == 0 and "4 files changed" in stat, stat
+    assert code == 0 and "5 files changed" in stat, stat
     assert "(new)" not in stat and "asm_scale_tables.py" not in stat
     assert snapshot(tree) == snapshot(reference)
 
@@ -922,11 +936,17 @@ def test_crlf_line_endings_are_kept(tree, capsys):
     git, then have nothing to do."""
     reference = stock_tree(tree.parent / "reference")
     upstream.apply(reference, 2)
-    for rel in (upstream.ROCM_ATTN, upstream.AITER_OPS, upstream.PAGED_DECODE):
+    for rel in (upstream.ROCM_ATTN, upstream.AITER_OPS, upstream.ATTENTION_CONFIG):
         _crlf(tree / rel)
+    _crlf(tree / upstream.PAGED_DECODE)
     code, out, _ = run(capsys, str(tree), "--stage", "2")
-    assert code == 0 and "4 files changed" in out
-    for rel in (upstream.ROCM_ATTN, upstream.AITER_OPS, upstream.PAGED_DECODE):
+    assert code == 0 and "5 files changed" in out
+    for rel in (
+        upstream.ROCM_ATTN,
+        upstream.AITER_OPS,
+        upstream.ATTENTION_CONFIG,
+        upstream.PAGED_DECODE,
+    ):
         raw = (tree / rel).read_bytes()
         assert raw.count(b"\n") == raw.count(b"\r\n") > 100, rel
         assert raw.replace(b"\r\n", b"\n") == (reference / rel).read_bytes(), rel
@@ -977,7 +997,7 @@ def _interrupt() -> None:
 NOTHING = "vllm-rocm-asm-decode upstream: interrupted; nothing was written to {}\n"
 WRITTEN = (
     "vllm-rocm-asm-decode upstream: interrupted; {} was written: it carries stage 1 "
-    "(3 files changed)\n"
+    "(4 files changed)\n"
 )
 
 

@@ -60,6 +60,7 @@ from ..stopping import stopped_by
 from .source import SPDX, Source, UpstreamError
 from .stages import (
     AITER_OPS,
+    ATTENTION_CONFIG,
     KERNEL_TEST,
     NEW_FILES,
     PAGED_DECODE,
@@ -72,6 +73,7 @@ from .stages import (
 
 __all__ = [
     "AITER_OPS",
+    "ATTENTION_CONFIG",
     "KERNEL_TEST",
     "PAGED_DECODE",
     "ROCM_AITER_FA",

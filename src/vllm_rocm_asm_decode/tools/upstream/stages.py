@@ -33,6 +33,7 @@ ROCM_ATTN = Path("vllm/v1/attention/backends/rocm_attn.py")
 ROCM_AITER_FA = Path("vllm/v1/attention/backends/rocm_aiter_fa.py")
 SCALE_TABLES = Path("vllm/v1/attention/backends/asm_scale_tables.py")
 AITER_OPS = Path("vllm/_aiter_ops.py")
+ATTENTION_CONFIG = Path("vllm/config/attention.py")
 PAGED_DECODE = Path("vllm/v1/attention/ops/chunked_prefill_paged_decode.py")
 KERNEL_TEST = Path("tests/kernels/attention/test_rocm_attn_aiter_asm_decode.py")
 
@@ -181,14 +182,13 @@ _METADATA_FIELDS = """\
     asm_scales: dict[torch.nn.Module, tuple[torch.Tensor, torch.Tensor]] | None = None"""
 
 _BUILDER_INIT = """\
-        self._asm_cut = self._asm_heads = 0  # set when the layers are bound (build())
-        self._asm_in_graph = False  # whether a captured graph holds pa_fwd_asm
+        self._asm_cut, self._asm_in_graph = 0, False  # set when bound, when captured
         self._asm_scales: dict[torch.nn.Module, tuple[torch.Tensor, torch.Tensor]] = {}
         self._asm_filled: dict[torch.nn.Module, tuple[float, float]] = {}"""
 
 _STAGE_1_CAP = """\
         keys = {key for both in self._asm_filled.values() for key in enumerate(both)}
-        most = self.vllm_config.scheduler_config.max_num_seqs * self._asm_heads
+        most = self.vllm_config.scheduler_config.max_num_seqs * self.num_heads_q
         few = most <= self._asm_cut  # no step can pass the cut: tables for nothing
         why = f"AITER {version}, need 0.1.17" if old else f"{len(keys)} tables > 4"
         why = f"max_num_seqs x heads = {most} <= {self._asm_cut}" if few else why
@@ -216,8 +216,9 @@ _STAGE_1_BIND = (
         from vllm.utils.platform_utils import num_compute_units
 
         self._asm_cut = _ASM_HEADS_PER_CU * num_compute_units(self.device.index or 0)
-        mha = rocm_aiter_ops.is_mha_enabled()  # False with VLLM_ROCM_USE_AITER(_MHA)=0
-        if not mha or type(self) is not RocmAttentionMetadataBuilder:  # not subclasses
+        on = self.vllm_config.attention_config.use_aiter_asm_decode  # its switch
+        on &= rocm_aiter_ops.is_mha_enabled()  # False with VLLM_ROCM_USE_AITER(_MHA)=0
+        if not on or type(self) is not RocmAttentionMetadataBuilder:  # not subclasses
             return
         layers = self.vllm_config.compilation_config.static_forward_context
         model, mi3xx = self.vllm_config.model_config, on_mi3xx()
@@ -233,7 +234,6 @@ _STAGE_1_BIND = (
                 logger.debug("%s keeps HIP: %s", layer.layer_name, ", ".join(reasons))
             else:
                 self._asm_filled[layer] = (layer._k_scale_float, layer._v_scale_float)
-                self._asm_heads = layer.impl.num_heads  # the cut counts their heads
 """
     + _STAGE_1_CAP
     + _STAGE_1_TABLES_DECL
@@ -272,7 +272,7 @@ _STAGE_1_RELOAD = """\
             names = ", ".join(x.layer_name for x in stale)
             why = f"Reloaded KV scales of {names} left their shared asm scale tables"
             if self._asm_in_graph:
-                fix = "for such reloads, VLLM_ROCM_USE_AITER_MHA=0 or PIECEWISE graphs"
+                fix = "set attention_config.use_aiter_asm_decode=False for such reloads"
                 raise RuntimeError(f"{why} (CUDA graphs hold them); {fix}")
             logger.error("%s: they now use the HIP decode", why)
         self._asm_scales = {x: t for x, t in self._asm_scales.items() if x not in stale}
@@ -288,7 +288,7 @@ _BUILD_DECIDE = """\
             bool(self._asm_scales)
             and max_query_len == 1
             and common_attn_metadata.num_reqs == num_actual_tokens
-            and num_actual_tokens * self._asm_heads > self._asm_cut
+            and num_actual_tokens * self.num_heads_q > self._asm_cut
         )
 """
 
@@ -322,7 +322,7 @@ def stage1_rocm_attn(src: Source) -> None:
 
     metadata = src.find("RocmAttentionMetadata")
     fields = (_METADATA_FIELDS, "use_asm_decode:", "RocmAttentionMetadata")
-    _append_to_body(src, metadata, *fields, lead="\n")
+    _append_to_body(src, metadata, *fields)
 
     builder = "RocmAttentionMetadataBuilder"
     init = src.find_def(builder, "__init__")
@@ -456,6 +456,34 @@ def stage1_aiter_ops(src: Source) -> None:
         src.add_item_after(out_kw, "high_precision=high_precision")
 
 
+_CONFIG_FIELD = '''
+    use_aiter_asm_decode: bool = True
+    """ROCm: let ROCM_ATTN decode large fp8-KV batches with AITER's pa_fwd_asm."""'''
+
+
+def stage1_attention_config(src: Source) -> None:
+    """``AttentionConfig.use_aiter_asm_decode``, the asm decode's own switch (on by
+    default), after the other backend's switch ``disable_flashinfer_q_quantization``."""
+    where = "AttentionConfig"
+    config = src.find(where)
+    if src.carries(_CONFIG_FIELD, "use_aiter_asm_decode", config, where):
+        return
+    body = config.body
+    field = next(
+        (
+            i
+            for i, n in enumerate(body[:-1])
+            if isinstance(n, ast.AnnAssign)
+            and ast.unparse(n.target) == "disable_flashinfer_q_quantization"
+        ),
+        None,
+    )
+    doc = None if field is None else body[field + 1]
+    if not (isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant)):
+        raise src.moved(f"{where} has no documented disable_flashinfer_q_quantization")
+    src.insert_after_line(doc.end_lineno or doc.lineno, _CONFIG_FIELD)
+
+
 # --------------------------------------------------------------------------------------
 # Stage 2
 
@@ -475,7 +503,7 @@ _SPLIT_BUILD = """\
         asm_split = None
         if self._asm_scales:
             asm_split = _split_asm_decode(
-                common_attn_metadata, self.vllm_config, self._asm_heads, self._asm_cut
+                common_attn_metadata, self.vllm_config, self.num_heads_q, self._asm_cut
             )
 """
 
@@ -716,7 +744,11 @@ def stage3_scale_tables(text: str | None) -> str:
 
 #: Each stage's edits, by file (a new file's edit gets None and returns its text).
 STAGES: dict[int, dict[Path, Callable[[Source], None]]] = {
-    1: {ROCM_ATTN: stage1_rocm_attn, AITER_OPS: stage1_aiter_ops},
+    1: {
+        ROCM_ATTN: stage1_rocm_attn,
+        AITER_OPS: stage1_aiter_ops,
+        ATTENTION_CONFIG: stage1_attention_config,
+    },
     2: {ROCM_ATTN: stage2_rocm_attn, PAGED_DECODE: stage2_paged_decode},
     3: {ROCM_ATTN: stage3_rocm_attn, ROCM_AITER_FA: stage3_rocm_aiter_fa},
 }
