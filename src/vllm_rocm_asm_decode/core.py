@@ -25,11 +25,10 @@ if TYPE_CHECKING:
     from vllm.config import ModelConfig
     from vllm.v1.attention.backends.rocm_attn import RocmAttentionImpl
 
-# pa_asm.csv: uhp kernels for gfx942/gfx950, fp8 e4m3, GQA <= 8; pa_fwd: head size 128
-ASM_KV_DTYPES = ("fp8", "fp8_e4m3")
+ASM_KV_DTYPES = ("fp8", "fp8_e4m3")  # pa_asm.csv's uhp kernels (gfx942, gfx950)
 ASM_BLOCK_SIZE = 16
-ASM_HEAD_SIZE = 128
-ASM_MAX_GQA = 8
+ASM_HEAD_SIZE = 128  # pa_fwd's
+ASM_MAX_GQA = 8  # pa_asm.csv's uhp kernels are gqa8
 ASM_PRECISION = 2  # the ultra-precision kernel
 ASM_HEADS_PER_CU = 2  # AITER's cut for its lower precisions (paged_attention_common)
 ASM_MAX_MODEL_LEN = 40960  # validated length; asm splits no context

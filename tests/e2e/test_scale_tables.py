@@ -258,7 +258,7 @@ def test_a_diverging_reload_of_allocated_shared_tables_stops_vllm_where_graphs_h
     with pytest.raises(RuntimeError, match=f"KV scales of {model.names[1]} left") as raised:
         model.builder.build(0, batch.common)
     assert str(raised.value).endswith(
-        " (CUDA graphs hold them); for such reloads, VLLM_ROCM_USE_AITER_MHA=0 or PIECEWISE graphs"
+        " (CUDA graphs hold them); set attention_config.use_aiter_asm_decode=False for such reloads"
     )
 
 

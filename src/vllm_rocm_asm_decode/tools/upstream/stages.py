@@ -182,13 +182,14 @@ _METADATA_FIELDS = """\
     asm_scales: dict[torch.nn.Module, tuple[torch.Tensor, torch.Tensor]] | None = None"""
 
 _BUILDER_INIT = """\
-        self._asm_cut, self._asm_in_graph = 0, False  # set when bound, when captured
+        self._asm_cut = self._asm_heads = 0  # set when the layers are bound (build())
+        self._asm_in_graph = False  # whether a captured graph holds pa_fwd_asm
         self._asm_scales: dict[torch.nn.Module, tuple[torch.Tensor, torch.Tensor]] = {}
         self._asm_filled: dict[torch.nn.Module, tuple[float, float]] = {}"""
 
 _STAGE_1_CAP = """\
         keys = {key for both in self._asm_filled.values() for key in enumerate(both)}
-        most = self.vllm_config.scheduler_config.max_num_seqs * self.num_heads_q
+        most = self.vllm_config.scheduler_config.max_num_seqs * self._asm_heads
         few = most <= self._asm_cut  # no step can pass the cut: tables for nothing
         why = f"AITER {version}, need 0.1.17" if old else f"{len(keys)} tables > 4"
         why = f"max_num_seqs x heads = {most} <= {self._asm_cut}" if few else why
@@ -216,8 +217,8 @@ _STAGE_1_BIND = (
         from vllm.utils.platform_utils import num_compute_units
 
         self._asm_cut = _ASM_HEADS_PER_CU * num_compute_units(self.device.index or 0)
-        on = self.vllm_config.attention_config.use_aiter_asm_decode  # its switch
-        on &= rocm_aiter_ops.is_mha_enabled()  # False with VLLM_ROCM_USE_AITER(_MHA)=0
+        on = self.vllm_config.attention_config.use_aiter_asm_decode
+        on = on and rocm_aiter_ops.is_mha_enabled()  # None where AITER is unsupported
         if not on or type(self) is not RocmAttentionMetadataBuilder:  # not subclasses
             return
         layers = self.vllm_config.compilation_config.static_forward_context
@@ -234,6 +235,7 @@ _STAGE_1_BIND = (
                 logger.debug("%s keeps HIP: %s", layer.layer_name, ", ".join(reasons))
             else:
                 self._asm_filled[layer] = (layer._k_scale_float, layer._v_scale_float)
+                self._asm_heads = layer.impl.num_heads  # the cut counts their heads
 """
     + _STAGE_1_CAP
     + _STAGE_1_TABLES_DECL
@@ -243,9 +245,8 @@ _STAGE_1_BIND = (
 """
     + _STAGE_1_TABLES
     + """\
-        log = logger.info_once if self._asm_scales else logger.debug_once
-        msg = "ROCM_ATTN: AITER pa_fwd_asm decodes %d of %d layers above %d query heads"
-        log(msg, len(self._asm_scales), len(self.layer_names), self._asm_cut)
+        m = "ROCM_ATTN: AITER pa_fwd_asm decodes %d of %d layers above %d query heads"
+        logger.info_once(m, len(self._asm_scales), len(self.layer_names), self._asm_cut)
 """
 )
 
@@ -288,7 +289,7 @@ _BUILD_DECIDE = """\
             bool(self._asm_scales)
             and max_query_len == 1
             and common_attn_metadata.num_reqs == num_actual_tokens
-            and num_actual_tokens * self.num_heads_q > self._asm_cut
+            and num_actual_tokens * self._asm_heads > self._asm_cut
         )
 """
 
@@ -458,7 +459,7 @@ def stage1_aiter_ops(src: Source) -> None:
 
 _CONFIG_FIELD = '''
     use_aiter_asm_decode: bool = True
-    """ROCm: let ROCM_ATTN decode large fp8-KV batches with AITER's pa_fwd_asm."""'''
+    """ROCM_ATTN with AITER on: decode large fp8-KV batches with AITER's pa_fwd_asm."""'''
 
 
 def stage1_attention_config(src: Source) -> None:
@@ -503,7 +504,7 @@ _SPLIT_BUILD = """\
         asm_split = None
         if self._asm_scales:
             asm_split = _split_asm_decode(
-                common_attn_metadata, self.vllm_config, self.num_heads_q, self._asm_cut
+                common_attn_metadata, self.vllm_config, self._asm_heads, self._asm_cut
             )
 """
 

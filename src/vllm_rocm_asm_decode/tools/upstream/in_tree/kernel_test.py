@@ -95,8 +95,8 @@ class Model(torch.nn.Module):
         process_weights_after_loading(self, model, torch.device(dev))
         self.attn, names = self.layers[0], [x.layer_name for x in self.layers]
         spec = self.attn.get_kv_cache_spec(self.config)  # the builder first, as in vLLM
-        builder = self.attn.attn_backend.get_builder_cls()
-        self.builder = builder(spec, names, self.config, torch.device(dev))
+        self.args = (spec, names, self.config, torch.device(dev))  # the builder's
+        self.builder = self.attn.attn_backend.get_builder_cls()(*self.args)
         shape = (2, blocks, BLOCK, kvh * HEAD)  # on the GPU (8.6 GB for 4 GiB apart)
         codes = torch.randint(1, 65, shape, dtype=torch.uint8, device=dev)  # <= 2.0
         codes |= torch.randint_like(codes, 0, 2).bitwise_left_shift_(7)  # never NaN
@@ -253,14 +253,14 @@ def test_the_builder_binds_all_layers_or_none(tmp_path, gfx942, aiter, scales, n
     for lens in ([1] * 19, [1] * 20 + [2, 0], [1] * 20 + [0]):
         below = common([16] * len(lens), [[1]] * len(lens), lens)
         assert not model.builder.build(0, below).use_asm_decode
-    args = model.builder.kv_cache_spec, model.builder.layer_names, model.config
     other = type("Derived", (type(model.builder),), {})  # a backend built on ROCM_ATTN
-    assert not other(*args, torch.device("cpu")).build(0, step).asm_scales
-    model.config.attention_config.use_aiter_asm_decode = False  # its switch
-    assert not type(model.builder)(*args, torch.device("cpu")).build(0, step).asm_scales
-    model.config.attention_config.use_aiter_asm_decode = True
+    assert not other(*model.args).build(0, step).asm_scales
+    with mock.patch.object(model.config.attention_config, "use_aiter_asm_decode", 0):
+        assert not type(model.builder)(*model.args).build(0, step).asm_scales
+    with mock.patch.object(rocm_aiter_ops, "is_mha_enabled", lambda: None):  # no AITER
+        assert not type(model.builder)(*model.args).build(0, step).asm_scales
     model.config.scheduler_config.max_num_seqs = 19  # no step above the cut: no tables
-    assert not type(model.builder)(*args, torch.device("cpu")).build(0, step).asm_scales
+    assert not type(model.builder)(*model.args).build(0, step).asm_scales
 
 
 def rule(path, head=HEAD, block=BLOCK, lbhnc=False, mi3xx=True, model=None, n=4, **kw):
