@@ -218,7 +218,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=_stage,
         default=1,
         metavar="N",
-        help="write stages 1..N of the change (1: the asm decode in rocm_attn.py, the "
+        help="write stages 1..N of the change (1: the asm decode in rocm_attn.py and "
+        "its switch, AttentionConfig.use_aiter_asm_decode in config/attention.py, the "
         "first pull request; 2: mixed prefill+decode steps; 3: scale tables for "
         "ROCM_AITER_FA and ROCM_ATTN); default 1",
     )

@@ -323,7 +323,7 @@ def stage1_rocm_attn(src: Source) -> None:
 
     metadata = src.find("RocmAttentionMetadata")
     fields = (_METADATA_FIELDS, "use_asm_decode:", "RocmAttentionMetadata")
-    _append_to_body(src, metadata, *fields)
+    _append_to_body(src, metadata, *fields, lead="\n")
 
     builder = "RocmAttentionMetadataBuilder"
     init = src.find_def(builder, "__init__")
