@@ -243,15 +243,14 @@ def test_rocm_aiter_fa_makes_its_tables_the_same_way(tmp_path, monkeypatch, requ
 def test_its_attention_config_switch_keeps_every_step_on_hip(tmp_path, kernels):
     """``--attention-config.use_aiter_asm_decode=false``, as vLLM's own CLI parses it
     (no environment variable of its own); on by default."""
-    from vllm.config import AttentionConfig
     from vllm.engine.arg_utils import EngineArgs
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     parser = EngineArgs.add_cli_args(FlexibleArgumentParser())
     for argv, on in (([], True), (["--attention-config.use_aiter_asm_decode=false"], False)):
-        parsed = parser.parse_args(argv).attention_config  # as EngineArgs takes it
-        config = parsed if isinstance(parsed, AttentionConfig) else AttentionConfig(**parsed)
         model = harness.build_model(tmp_path / str(on), num_layers=1)
+        args = parser.parse_args([*argv, "--model", model.vllm_config.model_config.model])
+        config = EngineArgs.from_cli_args(args).attention_config  # as vLLM takes it
         model.builder.vllm_config.attention_config = config  # before the first build()
         metadata = model.builder.build(0, harness.make_batch(model, [20] * 64).common)
         assert harness.asm_enabled(model.builder) is metadata.use_asm_decode is on
