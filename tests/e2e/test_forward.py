@@ -113,6 +113,28 @@ def test_below_the_default_cut_stays_on_hip(tmp_path, kernels, num_seqs):
     assert harness.asm_calls() == [] and kernels.hip_decode == 1
 
 
+@pytest.mark.parametrize("where", ["last", "first"])
+def test_a_request_without_a_query_token_keeps_the_step_on_hip(tmp_path, kernels, where):
+    """The asm call maps query row i to request i: a request with no query token
+    (more requests than tokens) keeps the step on HIP, above the cut too."""
+    model = harness.build_model(tmp_path, num_layers=1)
+    query_lens = [1] * 20 + [0] if where == "last" else [0] + [1] * 20  # 800 heads
+    batch = harness.make_batch(model, [16] * 21, query_lens)
+    assert not model.builder.build(0, batch.common).use_asm_decode
+    assert model.builder.build(0, harness.make_batch(model, [16] * 20).common).use_asm_decode
+
+
+@pytest.mark.parametrize("extra", [0, 1], ids=["at-the-cut", "one-above"])
+def test_tables_only_where_a_max_num_seqs_step_passes_the_cut(tmp_path, kernels, extra):
+    """``max_num_seqs`` x query heads at the cut: no step can pass it, so no layer is
+    bound and no table made; one sequence more binds them."""
+    cut = 2 * COMPUTE_UNITS[ARCH]
+    model = harness.build_model(tmp_path, num_layers=1, num_heads=32)
+    model.vllm_config.scheduler_config.max_num_seqs = cut // 32 + extra  # 32 | cut
+    model.builder.build(0, harness.make_batch(model, [16] * 4).common)
+    assert bool(harness.asm_layers(model.builder)) is bool(extra)
+
+
 def skew_model(tmp_path):
     """GQA 8 over one KV head (4 KiB pages): room for a 32K request among 127 of 1K."""
     return harness.build_model(

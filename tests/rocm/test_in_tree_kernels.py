@@ -21,9 +21,7 @@ def _trust_this_aiter(monkeypatch):
     monkeypatch.setenv("VLLM_ROCM_ASM_DECODE_SKEW", "0")
 
 
-# These tests read stage 1's shared tables, their cap of four, its AITER gate and its
-# metadata's fields, which the plugin does not have (it gives such layers tables of their
-# own, admits an older AITER for caches it reads right, and has metadata of its own); the
-# in-tree session runs them.
+# This test reads stage 1's shared tables and its metadata's fields, which the plugin does
+# not have (it gives such layers tables of their own and has metadata of its own); the
+# in-tree session runs it on the contract model.
 del test_a_reload_that_parts_the_layers_of_a_table  # noqa: F821
-del test_the_builder_binds_all_layers_or_none  # noqa: F821

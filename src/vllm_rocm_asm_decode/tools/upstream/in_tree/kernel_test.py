@@ -1,9 +1,7 @@
 """ROCM_ATTN's decode on AITER's pa_fwd_asm (high_precision=2) over its fp8 KV cache."""
 
 import json
-import sys
 from dataclasses import replace
-from types import SimpleNamespace
 from unittest import mock
 
 import pytest
@@ -47,21 +45,6 @@ def _aiter_on_seeded(monkeypatch):
     monkeypatch.setattr(rocm_aiter_ops, "_MHA_ENABLED", True)
 
 
-@pytest.fixture
-def gfx942(monkeypatch):
-    """The CPU as gfx942 (304 CUs) with AITER 0.1.17; the HIP and asm decodes mocked."""
-    rocm = sys.modules.get("vllm.platforms.rocm", SimpleNamespace())  # imports on ROCm
-    monkeypatch.setitem(sys.modules, "vllm.platforms.rocm", rocm)
-    monkeypatch.setattr(rocm, "on_mi3xx", lambda: True, raising=False)
-    version = SimpleNamespace(__version__="0.1.17")
-    monkeypatch.setitem(sys.modules, "aiter._version", version)
-    monkeypatch.setattr(platform_utils, "num_compute_units", lambda i=0: 304)
-    monkeypatch.setattr(rocm_aiter_ops, "is_mha_enabled", lambda: True)
-    monkeypatch.setattr(rocm_attn, "chunked_prefill_paged_decode", hip := mock.Mock())
-    monkeypatch.setattr(rocm_aiter_ops, "pa_fwd_asm", asm := mock.Mock())
-    return version, hip, asm
-
-
 def llama(path, heads=40, kvh=8, **kw):
     sizes = dict(num_attention_heads=heads, num_key_value_heads=kvh, head_dim=HEAD)
     sizes |= dict(hidden_size=heads * HEAD, num_hidden_layers=1, model_type="llama")
@@ -78,11 +61,12 @@ def kv_scales(*layers):  # [(k, v), ...] as a checkpoint's weights
 class Model(torch.nn.Module):
     """ROCM_ATTN layers of an fp8 checkpoint, one random fp8 KV cache, a builder."""
 
-    def __init__(self, path, heads, kvh, blocks, dev, dtype, scales=((0.5, 2.0),)):
+    def __init__(self, path, heads, kvh, blocks, dtype, scales=((0.5, 2.0),)):
         super().__init__()
         model = llama(path, heads, kvh, dtype=dtype, max_model_len=4096)
         cache = cfg.CacheConfig(cache_dtype="fp8", block_size=BLOCK)
-        self.config = cfg.VllmConfig(model, cache, device_config=cfg.DeviceConfig(dev))
+        device = cfg.DeviceConfig(DEVICE)
+        self.config = cfg.VllmConfig(model, cache, device_config=device)
         kw = dict(cache_config=cache, quant_config=Fp8Config())
         kw |= dict(attn_backend=AttentionBackendEnum.ROCM_ATTN.get_class())
         with cfg.set_current_vllm_config(self.config):
@@ -92,52 +76,50 @@ class Model(torch.nn.Module):
             )
         record_metadata_for_reloading(self)
         self.load_weights(kv_scales(*scales))
-        process_weights_after_loading(self, model, torch.device(dev))
+        process_weights_after_loading(self, model, device.device)
         self.attn, names = self.layers[0], [x.layer_name for x in self.layers]
         spec = self.attn.get_kv_cache_spec(self.config)  # the builder first, as in vLLM
-        self.args = (spec, names, self.config, torch.device(dev))  # the builder's
-        self.builder = self.attn.attn_backend.get_builder_cls()(*self.args)
-        shape = (2, blocks, BLOCK, kvh * HEAD)  # on the GPU (8.6 GB for 4 GiB apart)
-        codes = torch.randint(1, 65, shape, dtype=torch.uint8, device=dev)  # <= 2.0
+        builder = self.attn.attn_backend.get_builder_cls()
+        self.builder = builder(spec, names, self.config, device.device)
+        shape = (2, blocks, BLOCK, kvh * HEAD)  # 8.6 GB for pages 4 GiB apart
+        codes = torch.randint(1, 65, shape, dtype=torch.uint8, device=DEVICE)  # <= 2.0
         codes |= torch.randint_like(codes, 0, 2).bitwise_left_shift_(7)  # never NaN
-        for layer in self.to(dev).layers:
+        for layer in self.to(DEVICE).layers:
             layer.kv_cache = codes.transpose(0, 1)  # vLLM's [blocks, 2, ...] view
 
     def load_weights(self, weights):  # as a model's: each through its loader
         for name, tensor in weights:
             self.get_parameter(name).weight_loader(self.get_parameter(name), tensor)
 
-    def run(self, query, meta, out=None, layer=0, **kw):  # NaN for vLLM's torch.empty
+    def run(self, query, meta, out=None, layer=0):  # NaN for vLLM's torch.empty
         out = torch.full_like(query, torch.nan) if out is None else out
         attn, kv = self.layers[layer], query[:, : self.attn.num_kv_heads]  # unread
-        attn.impl.forward(attn, query, kv, kv, attn.kv_cache, meta, out, **kw)
+        attn.impl.forward(attn, query, kv, kv, attn.kv_cache, meta, out)
         return out
 
 
-def common(seq_lens, pages, query_lens=None, device="cpu"):
-    n, query_lens = len(seq_lens), query_lens or [1] * len(seq_lens)
-    start = torch.tensor([0, *query_lens]).cumsum(0).to(torch.int32)
+def common(seq_lens, pages):  # a decode step: one query token per request
+    n, start = len(seq_lens), torch.arange(len(seq_lens) + 1, dtype=torch.int32)
     lens, width = torch.tensor(seq_lens, dtype=torch.int32), max(map(len, pages))
     table = torch.tensor([p + [0] * (width - len(p)) for p in pages], dtype=torch.int32)
     # On the device, copies: a capture zeroes query_start_loc and fills seq_lens with 1.
     gpu = dict(query_start_loc=start, seq_lens=lens, block_table_tensor=table)
-    gpu |= dict(slot_mapping=torch.full((sum(query_lens),), -1))  # no KV written
+    gpu = {name: x.to(DEVICE, copy=True) for name, x in gpu.items()}
     host = dict(query_start_loc_cpu=start, seq_lens_cpu_upper_bound=lens, num_reqs=n)
-    host |= dict(num_actual_tokens=sum(query_lens), max_query_len=max(query_lens))
-    gpu = {name: x.to(device, copy=True) for name, x in gpu.items()}
-    return CommonAttentionMetadata(**gpu, **host, max_seq_len=max(seq_lens))
+    host |= dict(num_actual_tokens=n, max_query_len=1, max_seq_len=max(seq_lens))
+    no_kv_written = torch.full((n,), -1, device=DEVICE)
+    return CommonAttentionMetadata(**gpu, **host, slot_mapping=no_kv_written)
 
 
-def decode(path, heads=40, kvh=8, dev=None, dtype=torch.bfloat16, **kw):
+def decode(path, heads=40, kvh=8, dtype=torch.bfloat16, **kw):
     """A decode step just above the cut, then PAD rows of FULL-graph padding."""
-    dev = dev or DEVICE
     n = 2 * platform_utils.num_compute_units() // heads + 1
     seq_lens = [CONTEXTS[i % len(CONTEXTS)] for i in range(n)] + [0] * PAD
     free = (torch.randperm(sum(cdiv(s, BLOCK) for s in seq_lens)) + 1).tolist()
-    model = Model(path, heads, kvh, len(free) + 1, dev, dtype, **kw)
+    model = Model(path, heads, kvh, len(free) + 1, dtype, **kw)
     pages = [[free.pop() for _ in range(cdiv(s, BLOCK))] for s in seq_lens]
-    qkv = torch.randn(n + PAD, heads + 2 * kvh, HEAD, dtype=dtype, device=dev)
-    return model, common(seq_lens, pages, device=dev), qkv[:, :heads]  # as vLLM's
+    qkv = torch.randn(n + PAD, heads + 2 * kvh, HEAD, dtype=dtype, device=DEVICE)
+    return model, common(seq_lens, pages), qkv[:, :heads]  # a view, as vLLM's
 
 
 GQA = {f"bf16-{g}": (g, torch.bfloat16) for g in range(1, 9)}
@@ -164,16 +146,14 @@ def test_every_admitted_gqa_ratio(tmp_path, gqa, dtype):
 @requires_asm
 def test_pages_over_4_gib_apart_read_as_adjacent_ones(tmp_path):
     """AITER's own test (test_pa_block_id_truncation.py) reads one page a sequence."""
-    blocks = 2**32 // (8 * HEAD * BLOCK) + 2
-    model = Model(tmp_path, 64, 8, blocks, DEVICE, torch.bfloat16)
+    model = Model(tmp_path, 64, 8, 2**32 // (8 * HEAD * BLOCK) + 2, torch.bfloat16)
     end = model.attn.kv_cache.shape[0] - 1
     far, near = [p for i in range(16) for p in (1 + i, end - i)], list(range(17, 49))
     for plane in model.attn.kv_cache.unbind(1):  # the same content on adjacent pages
         plane[near] = plane[far]
     n = 2 * (platform_utils.num_compute_units() // 64 + 1)  # above the cut
     query = torch.randn(1, 64, HEAD).to(DEVICE, torch.bfloat16).expand(n, -1, -1)
-    step = common([512] * n, [far, near] * (n // 2), device=DEVICE)
-    metadata = model.builder.build(0, step)
+    metadata = model.builder.build(0, common([512] * n, [far, near] * (n // 2)))
     out = model.run(query.contiguous(), metadata)
     assert metadata.use_asm_decode and torch.equal(out[0], out[1])
 
@@ -197,70 +177,28 @@ def test_a_captured_graph_replays_asm_and_follows_a_weight_reload(tmp_path):
         torch.testing.assert_close(out[:-PAD].float(), hip, atol=ASM_MAX * v, rtol=0)
 
 
+@requires_asm
 @pytest.mark.parametrize("captured", [True, False], ids=["in-a-graph", "eager"])
-def test_a_reload_that_parts_the_layers_of_a_table(tmp_path, gfx942, captured):
-    model, step, query = decode(tmp_path, dev="cpu", scales=[(1.0, 1.0)] * 2)
+def test_a_reload_that_parts_the_layers_of_a_table(tmp_path, captured):
+    """Both layers share a K table (1.0); the reload moves layers.1's K scale to 0.5."""
+    model, step, query = decode(tmp_path, scales=[(1.0, 1.0)] * 2)
     (k0, v0), (k1, v1) = model.builder.build(0, step).asm_scales.values()
     assert k0 is k1 and v0 is v1
     if captured:  # graphs of asm, then of HIP (vLLM captures the largest first)
         model.builder.build_for_cudagraph_capture(step)
         model.builder.build_for_cudagraph_capture(common([16], [[1]]))
     reload_weights(model.config, model, kv_scales((1.0, 2.0), (0.5, 2.0)), None, True)
-    if captured:
+    if captured:  # no eager fix reaches the graphs
         with pytest.raises(RuntimeError, match=r"layers\.1 left .*asm_decode=False"):
             model.builder.build(0, step)
-    else:
-        with mock.patch.object(rocm_attn.logger, "error") as error:  # one line
-            metadata = model.builder.build(0, step)
-        assert error.call_count == 1 and "layers.1 left" in str(error.call_args)
-        with mock.patch.object(torch.Tensor, "fill_") as fill:  # settled: no refill
-            assert model.builder.build(0, step).asm_scales.keys() == {model.attn}
-        assert not fill.called
-        _, hip, asm = gfx942
-        model.run(query, metadata)
-        model.run(query, metadata, layer=1)
-        assert (asm.call_count, hip.call_count) == (1, 1)  # layers.1 on HIP
-    assert (k0 == model.attn._k_scale).all() and (v0 == model.attn._v_scale).all()
-
-
-BINDS = {  # AITER's version, each layer's K and V scales: how many layers run asm
-    "aiter-0.1.17rc1": ("0.1.17rc1", [(1.0, 1.0)], 0),  # before 0.1.17's block-id fix
-    "aiter-unknown": ("unknown", [(1.0, 1.0)], 0),
-    "four-tables": ("0.1.17", [(1.0, 1.0), (0.5, 2.0)], 2),
-    "five-tables": ("0.1.17", [(1.0, 1.0), (0.5, 2.0), (0.25, 1.0)], 0),  # all or none
-}
-
-
-@pytest.mark.parametrize(("aiter", "scales", "n"), BINDS.values(), ids=BINDS)
-def test_the_builder_binds_all_layers_or_none(tmp_path, gfx942, aiter, scales, n):
-    version, hip, asm = gfx942
-    version.__version__ = aiter
-    model, step, query = decode(tmp_path, 32, dev="cpu", scales=scales)  # above the cut
-    metadata = model.builder.build(0, step)
-    assert len(metadata.asm_scales) == n and metadata.use_asm_decode is bool(n)
-    for x, (k, v) in metadata.asm_scales.items():  # each layer's own K and V scale
-        assert (k == x._k_scale).all() and (v == x._v_scale).all()
-        assert k.shape == v.shape == (len(x.kv_cache), 8, BLOCK) and k.is_contiguous()
-    model.run(query, metadata)  # then with a fused output quant: HIP's
-    model.run(query, metadata, output_scale=torch.ones(1))
-    assert (asm.call_count, hip.call_count) == (bool(n), 2 - bool(n))
-    if not n:  # else: the precision, layer 0's own K and V tables, AITER's 5-D pages
         return
-    kw, (k, v) = asm.call_args.kwargs, metadata.asm_scales[model.attn]
-    assert kw["high_precision"] == 2 and kw["K_QScale"] is k and kw["V_QScale"] is v
-    assert [kw[x].shape[1:] for x in "KV"] == [(8, 8, 16, 16), (8, 1, 128, 16)]
-    # 19 x 32 query heads: at the cut (2 x 304 CUs); 20 with a prefill or a padding row
-    for lens in ([1] * 19, [1] * 20 + [2, 0], [1] * 20 + [0]):
-        below = common([16] * len(lens), [[1]] * len(lens), lens)
-        assert not model.builder.build(0, below).use_asm_decode
-    other = type("Derived", (type(model.builder),), {})  # a backend built on ROCM_ATTN
-    assert not other(*model.args).build(0, step).asm_scales
-    with mock.patch.object(model.config.attention_config, "use_aiter_asm_decode", 0):
-        assert not type(model.builder)(*model.args).build(0, step).asm_scales
-    with mock.patch.object(rocm_aiter_ops, "is_mha_enabled", lambda: None):  # no AITER
-        assert not type(model.builder)(*model.args).build(0, step).asm_scales
-    model.config.scheduler_config.max_num_seqs = 19  # no step above the cut: no tables
-    assert not type(model.builder)(*model.args).build(0, step).asm_scales
+    with mock.patch.object(rocm_attn.logger, "error") as error:  # one line
+        metadata = model.builder.build(0, step)
+    assert error.call_count == 1 and "layers.1 left" in str(error.call_args)
+    hip = replace(metadata, use_asm_decode=False)  # layers.0 on asm, layers.1 on HIP
+    for i in range(2):
+        out = [model.run(query, m, layer=i)[:-PAD].float() for m in (metadata, hip)]
+        torch.testing.assert_close(*out, atol=ASM_MAX * 2, rtol=0)  # V scale 2
 
 
 def rule(path, head=HEAD, block=BLOCK, lbhnc=False, mi3xx=True, model=None, n=4, **kw):
@@ -271,7 +209,7 @@ def rule(path, head=HEAD, block=BLOCK, lbhnc=False, mi3xx=True, model=None, n=4,
     pages = torch.empty(shape, dtype=torch.uint8, device="meta")
     kv_cache = pages.view(n, 2, block, -1) if lbhnc else pages.transpose(0, 1)
     model = llama(path, **dict(max_model_len=4096) | (model or {}))
-    return "; ".join(asm_decode_rejections(impl, kv_cache, model, mi3xx))
+    return asm_decode_rejections(impl, kv_cache, model, mi3xx)
 
 
 EDGE = dict(num_heads=64, kv_cache_dtype="fp8_e4m3")  # GQA 8, fp16, 40960
@@ -280,19 +218,10 @@ WRONG = dict(mi3xx=False, kv_cache_dtype="fp8_e5m2", block=32, head=256, num_hea
 WRONG |= dict(scale=0.1, sliding_window=64, alibi_slopes=[0.5] * 72, lbhnc=True)
 WRONG |= dict(logits_soft_cap=30.0, sinks=torch.zeros(72), n=2**22)  # 2**25 block-heads
 WRONG |= dict(model=dict(dtype=torch.float32, max_model_len=40961))
-REASONS = (  # one for each clause, in the rule's order
-    "a GPU other than gfx942/gfx950; fp8_e5m2 KV cache; block size 32; head size 256; "
-    "torch.float32 query; GQA 9; softmax scale 0.1 != 1/sqrt(256); sliding window; "
-    "ALiBi; logits soft cap; attention sinks; KV pages not dense; "
-    "scale tables >= 2 GiB; max_model_len 40961 > 40960"
-)
-RULE = {
-    "fp16-e4m3-gqa8-40960": (EDGE, ""),
-    "every-clause": (WRONG, REASONS),
-    "encoder": (dict(attn_type="encoder_only"), "not decoder self-attention"),
-}
+RULE = {"fp16-e4m3-gqa8-40960": (EDGE, 0), "every-clause": (WRONG, 14)}
+RULE |= {"encoder": (dict(attn_type="encoder_only"), 1)}
 
 
 @pytest.mark.parametrize(("case", "reasons"), RULE.values(), ids=RULE)
 def test_the_rule(tmp_path, case, reasons):
-    assert rule(tmp_path, **case) == reasons
+    assert len(rule(tmp_path, **case)) == reasons  # one reason for each clause
