@@ -226,7 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument(
         "--check",
         action="store_true",
-        help="apply to a temporary copy of the files it touches and print the diff stat; "
+        help="compute the change from DIR's files as a run does and print the diff stat; "
         "DIR is not written (exit 1 when there are changes to make)",
     )
 
@@ -262,10 +262,9 @@ def _module_doc(module: str) -> str:
 def _stage(text: str) -> int:
     from .upstream.stages import STAGES
 
-    value = choices.positive_int(text)
-    if value not in STAGES:
-        raise argparse.ArgumentTypeError(f"{value}: choose 1 to {max(STAGES)}")
-    return value
+    if text.strip() not in {str(n) for n in STAGES}:  # 1, 2, 3: no sign, no other digits
+        raise argparse.ArgumentTypeError(f"{text!r}: choose 1 to {max(STAGES)}")
+    return int(text)
 
 
 def _documented_parser(sub, name: str, help: str, module: str) -> argparse.ArgumentParser:

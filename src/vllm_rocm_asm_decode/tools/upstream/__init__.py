@@ -27,7 +27,7 @@ a file carrying another version of an edit, or part of a stage, is refused, and 
 file of the user's where a new file goes. Writing is all or nothing, Ctrl-C included;
 a file's CRLF line endings are kept; runs on one tree take turns. Trees other than vLLM
 0.33.x are refused, and so is an installed ``site-packages``, through symlinks too.
-``--check`` applies the change to a temporary copy and prints what it would change.
+``--check`` computes the change as a run does and prints what it would change.
 Everything is written before anything is printed.
 Exit status: 0 written, or nothing to do; 1 ``--check`` found changes, or stdout could
 not be written (a line on stderr says so; the tree is written first); 2 an error; 130
@@ -608,27 +608,18 @@ def _undo(staged: list[tuple[Path, Path, str | None]], done: int, made: list[Pat
 
 
 def check(root: Path, stage: int = DEFAULT_STAGE) -> list[FileChange]:
-    """Apply stages 1..``stage`` to a temporary copy of what they touch in ``root``."""
-    version = check_tree(root, stage)
+    """What a run of stages 1..``stage`` would change in ``root``, computed as the run
+    computes it (its refusals name the tree's own files and fixes), nothing written."""
+    check_tree(root, stage)
     for rel in written(stage):
         _check_way(root, rel)
-    with (
-        _one_run_at_a_time(root, reading=True),
-        tempfile.TemporaryDirectory(prefix="vllm-upstream-check-") as tmp,
-    ):
-        copy = Path(tmp)
-        try:
-            for rel in written(stage):
-                if (root / rel).is_file():
-                    (copy / rel).parent.mkdir(parents=True, exist_ok=True)
-                    shutil.copyfile(root / rel, copy / rel)
-        except OSError as exc:
-            raise UpstreamError(f"cannot read {exc.filename}: {exc.strerror}") from None
-        (copy / "vllm/_version.py").write_text(f"__version__ = {version!r}\n")
-        try:
-            changes = apply(copy, stage)
-        except UpstreamError as exc:  # name the user's tree, not the copy
-            raise UpstreamError(str(exc).replace(str(copy), str(root))) from None
+    with _one_run_at_a_time(root, reading=True):
+        files = _plan(root, stage)
+    changes = [
+        FileChange(rel, *diff_counts(old or "", text), new=old is None)
+        for rel, (old, text) in files.items()
+        if old != text
+    ]
     for change in changes:
         if why := _unwritable(root / change.path):
             raise UpstreamError(f"cannot write {root / change.path}: {why}; a real run would fail")

@@ -191,11 +191,11 @@ _STAGE_1_CAP = """\
         keys = {key for both in self._asm_filled.values() for key in enumerate(both)}
         most = self.vllm_config.scheduler_config.max_num_seqs * self._asm_heads
         few = most <= self._asm_cut  # no step can pass the cut: tables for nothing
-        why = f"AITER {version}, need 0.1.17" if old else f"{len(keys)} tables > 4"
-        why = f"max_num_seqs x heads = {most} <= {self._asm_cut}" if few else why
-        if self._asm_filled and (old or len(keys) > 4 or few):  # > 4: unbudgeted memory
-            logger.info_once("ROCM_ATTN: no AITER pa_fwd_asm decode (%s)", why)
-            self._asm_filled = {}
+        why = f"(AITER {version}, need 0.1.17)" if old else f"({len(keys)} tables > 4)"
+        why = f"(max_num_seqs x heads = {most} <= {self._asm_cut})" if few else why
+        refused = self._asm_filled and (old or len(keys) > 4 or few)  # > 4: memory cap
+        why = why if refused else f"above {self._asm_cut} query heads"
+        self._asm_filled = {} if refused else self._asm_filled
 """
 
 _STAGE_1_TABLES = """\
@@ -245,8 +245,8 @@ _STAGE_1_BIND = (
 """
     + _STAGE_1_TABLES
     + """\
-        m = "ROCM_ATTN: AITER pa_fwd_asm decodes %d of %d layers above %d query heads"
-        logger.info_once(m, len(self._asm_scales), len(self.layer_names), self._asm_cut)
+        m = "ROCM_ATTN: AITER pa_fwd_asm decodes %d of %d layers %s"
+        logger.info_once(m, len(self._asm_scales), len(self.layer_names), why)
 """
 )
 
@@ -262,8 +262,6 @@ _STAGE_1_RELOAD = """\
             for table, scale in zip(tables, now[layer], strict=True):
                 wanted.setdefault(table, set()).add(scale)
         kept = {t for t, scales in wanted.items() if len(scales) > 1}  # layers parted
-        for table in wanted.keys() - kept:  # one new scale for all its layers
-            table.fill_(*wanted[table])
         stale = [  # layers that moved off a table which keeps its scale
             x
             for x, t in self._asm_scales.items()
@@ -272,10 +270,12 @@ _STAGE_1_RELOAD = """\
         if stale:
             names = ", ".join(x.layer_name for x in stale)
             why = f"Reloaded KV scales of {names} left their shared asm scale tables"
-            if self._asm_in_graph:
-                fix = "set attention_config.use_aiter_asm_decode=False for such reloads"
-                raise RuntimeError(f"{why} (CUDA graphs hold them); {fix}")
+            if self._asm_in_graph:  # their replays would read the old scales
+                fix = "use_aiter_asm_decode=False or cudagraph_mode=PIECEWISE"
+                raise RuntimeError(f"{why} (held by CUDA graphs); set {fix}")
             logger.error("%s: they now use the HIP decode", why)
+        for table in wanted.keys() - kept:  # one new scale for all its layers
+            table.fill_(*wanted[table])
         self._asm_scales = {x: t for x, t in self._asm_scales.items() if x not in stale}
         self._asm_filled = {x: now[x] for x in self._asm_scales}"""
 
@@ -294,8 +294,8 @@ _BUILD_DECIDE = """\
 """
 
 _FORWARD_ASM = """\
-        scales = (attn_metadata.asm_scales or {}).get(layer)
-        if attn_metadata.use_asm_decode and scales and output_scale is None:
+        asm = attn_metadata.use_asm_decode and output_scale is None  # else HIP's quant
+        if asm and (scales := (attn_metadata.asm_scales or {}).get(layer)):
             rocm_aiter_ops.pa_fwd_asm(
                 Q=query[:num_actual_tokens],
                 K=key_cache,
@@ -333,7 +333,7 @@ def stage1_rocm_attn(src: Source) -> None:
         _BUILDER_BIND,
         "def _bind_asm_decode",
         None,
-        builder,
+        f"{builder}._bind_asm_decode or _follow_asm_reload",
         later=(_STAGE_3_BIND + _STAGE_1_RELOAD,),
     ):
         src.insert_after_line(init.end_lineno or init.lineno, _BUILDER_BIND)
@@ -623,8 +623,8 @@ def stage2_paged_decode(src: Source) -> None:
 _STAGE_3_BIND = (
     _STAGE_1_BIND.replace(_STAGE_1_TABLES_DECL, "")
     .replace(_STAGE_1_CAP, _STAGE_1_CAP.split("\n", 1)[1])  # no cap: no keys
-    .replace("(old or len(keys) > 4 or few):  # > 4: unbudgeted memory", "(old or few):")
-    .replace(' if old else f"{len(keys)} tables > 4"', "")
+    .replace("(old or len(keys) > 4 or few)  # > 4: memory cap", "(old or few)")
+    .replace(' if old else f"({len(keys)} tables > 4)"', "")
     .replace(
         _STAGE_1_TABLES,
         "            self._asm_scales[layer] = self._asm_tables.get(layer, shape)\n",

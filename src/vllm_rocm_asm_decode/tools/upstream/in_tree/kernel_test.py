@@ -91,6 +91,9 @@ class Model(torch.nn.Module):
         for name, tensor in weights:
             self.get_parameter(name).weight_loader(self.get_parameter(name), tensor)
 
+    def reload(self, *scales):  # new K and V scales through vLLM's in-place reload
+        reload_weights(self.config, self, kv_scales(*scales), None, True)
+
     def run(self, query, meta, out=None, layer=0):  # NaN for vLLM's torch.empty
         out = torch.full_like(query, torch.nan) if out is None else out
         attn, kv = self.layers[layer], query[:, : self.attn.num_kv_heads]  # unread
@@ -98,17 +101,18 @@ class Model(torch.nn.Module):
         return out
 
 
-def common(seq_lens, pages):  # a decode step: one query token per request
-    n, start = len(seq_lens), torch.arange(len(seq_lens) + 1, dtype=torch.int32)
+def common(seq_lens, pages, query_lens=None):  # by default one query token a request
+    n, query_lens = len(seq_lens), query_lens or [1] * len(seq_lens)
+    start = torch.tensor([0, *query_lens]).cumsum(0).to(torch.int32)
     lens, width = torch.tensor(seq_lens, dtype=torch.int32), max(map(len, pages))
     table = torch.tensor([p + [0] * (width - len(p)) for p in pages], dtype=torch.int32)
     # On the device, copies: a capture zeroes query_start_loc and fills seq_lens with 1.
     gpu = dict(query_start_loc=start, seq_lens=lens, block_table_tensor=table)
+    gpu |= dict(slot_mapping=torch.full((sum(query_lens),), -1))  # no KV written
     gpu = {name: x.to(DEVICE, copy=True) for name, x in gpu.items()}
     host = dict(query_start_loc_cpu=start, seq_lens_cpu_upper_bound=lens, num_reqs=n)
-    host |= dict(num_actual_tokens=n, max_query_len=1, max_seq_len=max(seq_lens))
-    no_kv_written = torch.full((n,), -1, device=DEVICE)
-    return CommonAttentionMetadata(**gpu, **host, slot_mapping=no_kv_written)
+    host |= dict(num_actual_tokens=sum(query_lens), max_query_len=max(query_lens))
+    return CommonAttentionMetadata(**gpu, **host, max_seq_len=max(seq_lens))
 
 
 def decode(path, heads=40, kvh=8, dtype=torch.bfloat16, **kw):
@@ -122,12 +126,9 @@ def decode(path, heads=40, kvh=8, dtype=torch.bfloat16, **kw):
     return model, common(seq_lens, pages), qkv[:, :heads]  # a view, as vLLM's
 
 
-GQA = {f"bf16-{g}": (g, torch.bfloat16) for g in range(1, 9)}
-GQA |= {"fp16-5": (5, torch.float16)}
-
-
 @requires_asm
-@pytest.mark.parametrize(("gqa", "dtype"), GQA.values(), ids=GQA)
+@pytest.mark.parametrize("gqa", range(1, 9))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 def test_every_admitted_gqa_ratio(tmp_path, gqa, dtype):
     """K/V scales 0.5/2: a swap is off 4x, a loss 2x. No NaN padding (output quants)."""
     import aiter
@@ -170,7 +171,7 @@ def test_a_captured_graph_replays_asm_and_follows_a_weight_reload(tmp_path):
         model.run(query, metadata, out)
     assert metadata.use_asm_decode
     for k, v in ((1.0, 0.5), (0.25, 4.0)):  # K and V scales equal, then apart
-        reload_weights(model.config, model, kv_scales((k, v)), None, True)
+        model.reload((k, v))
         eager = replace(model.builder.build(0, step), use_asm_decode=False)  # refills
         hip = model.run(query, eager)[:-PAD].float()
         graph.replay()
@@ -178,27 +179,36 @@ def test_a_captured_graph_replays_asm_and_follows_a_weight_reload(tmp_path):
 
 
 @requires_asm
-@pytest.mark.parametrize("captured", [True, False], ids=["in-a-graph", "eager"])
-def test_a_reload_that_parts_the_layers_of_a_table(tmp_path, captured):
-    """Both layers share a K table (1.0); the reload moves layers.1's K scale to 0.5."""
-    model, step, query = decode(tmp_path, scales=[(1.0, 1.0)] * 2)
-    (k0, v0), (k1, v1) = model.builder.build(0, step).asm_scales.values()
-    assert k0 is k1 and v0 is v1
-    if captured:  # graphs of asm, then of HIP (vLLM captures the largest first)
-        model.builder.build_for_cudagraph_capture(step)
-        model.builder.build_for_cudagraph_capture(common([16], [[1]]))
-    reload_weights(model.config, model, kv_scales((1.0, 2.0), (0.5, 2.0)), None, True)
-    if captured:  # no eager fix reaches the graphs
-        with pytest.raises(RuntimeError, match=r"layers\.1 left .*asm_decode=False"):
-            model.builder.build(0, step)
-        return
+def test_a_reload_that_parts_the_layers_of_a_table(tmp_path):
+    """Three layers share a K and a V table: layers.2 leaves the K table for HIP with
+    one error line; once a graph holds asm, layers.1 leaving it raises instead."""
+    model, step, query = decode(tmp_path, scales=[(1.0, 1.0)] * 3)
+    tables = model.builder.build(0, step).asm_scales.values()
+    assert len({id(table) for both in tables for table in both}) == 2
+    model.reload((1.0, 2.0), (1.0, 2.0), (0.5, 2.0))
     with mock.patch.object(rocm_attn.logger, "error") as error:  # one line
         metadata = model.builder.build(0, step)
-    assert error.call_count == 1 and "layers.1 left" in str(error.call_args)
-    hip = replace(metadata, use_asm_decode=False)  # layers.0 on asm, layers.1 on HIP
-    for i in range(2):
+    assert error.call_count == 1 and "layers.2 left" in str(error.call_args)
+    assert metadata.asm_scales.keys() == {model.layers[0], model.layers[1]}
+    hip = replace(metadata, use_asm_decode=False)
+    for i in (0, 2):  # layers.0 on asm at its new V scale, layers.2 on HIP
         out = [model.run(query, m, layer=i)[:-PAD].float() for m in (metadata, hip)]
-        torch.testing.assert_close(*out, atol=ASM_MAX * 2, rtol=0)  # V scale 2
+        torch.testing.assert_close(*out, atol=ASM_MAX * 2, rtol=0)
+    model.builder.build_for_cudagraph_capture(step)  # graphs of asm, then of HIP
+    model.builder.build_for_cudagraph_capture(common([16], [[1]]))
+    model.reload((1.0, 2.0), (0.25, 2.0), (0.5, 2.0))
+    with pytest.raises(RuntimeError, match=r"layers\.1 left .*asm_decode=False"):
+        model.builder.build(0, step)
+
+
+@requires_asm
+def test_the_step_decides_on_host_integers(tmp_path):
+    """asm for more query heads than 2 x CUs, one token a request; else HIP."""
+    model = Model(tmp_path, 8, 8, 2, torch.bfloat16)  # GQA 1: 8 query heads
+    n = 2 * platform_utils.num_compute_units() // 8  # requests at the cut
+    for lens in ([1] * n, [1] * n + [2], [1] * (n + 1) + [0], [1] * (n + 1)):
+        step = common([16] * len(lens), [[1]] * len(lens), lens)
+        assert model.builder.build(0, step).use_asm_decode is (lens == [1] * (n + 1))
 
 
 def rule(path, head=HEAD, block=BLOCK, lbhnc=False, mi3xx=True, model=None, n=4, **kw):
