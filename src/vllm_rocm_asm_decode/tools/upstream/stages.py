@@ -222,7 +222,7 @@ _STAGE_1_BIND = (
         if not on or type(self) is not RocmAttentionMetadataBuilder:  # not subclasses
             return
         layers = self.vllm_config.compilation_config.static_forward_context
-        model, mi3xx = self.vllm_config.model_config, on_mi3xx()
+        model, mi3xx, hip = self.vllm_config.model_config, on_mi3xx(), ""
         try:  # AITER before 0.1.17 misreads KV block ids >= 65536 (AITER issue 3062)
             from aiter._version import __version__ as version
 
@@ -231,8 +231,8 @@ _STAGE_1_BIND = (
             version, old = "of unknown version", True
         for layer in (layers[name] for name in self.layer_names):
             reasons = _asm_decode_rejections(layer.impl, layer.kv_cache, model, mi3xx)
-            if reasons:
-                logger.debug("%s keeps HIP: %s", layer.layer_name, ", ".join(reasons))
+            if reasons:  # the info line names the last such layer and why
+                hip = f" ({layer.layer_name} keeps HIP: {', '.join(reasons)})"
             else:
                 self._asm_filled[layer] = (layer._k_scale_float, layer._v_scale_float)
                 self._asm_heads = layer.impl.num_heads  # the cut counts their heads
@@ -245,8 +245,8 @@ _STAGE_1_BIND = (
 """
     + _STAGE_1_TABLES
     + """\
-        m = "ROCM_ATTN: AITER pa_fwd_asm decodes %d of %d layers %s"
-        logger.info_once(m, len(self._asm_scales), len(self.layer_names), why)
+        m = "ROCM_ATTN: AITER pa_fwd_asm decodes %d of %d layers %s%s"
+        logger.info_once(m, len(self._asm_scales), len(self.layer_names), why, hip)
 """
 )
 
@@ -271,8 +271,8 @@ _STAGE_1_RELOAD = """\
             names = ", ".join(x.layer_name for x in stale)
             why = f"Reloaded KV scales of {names} left their shared asm scale tables"
             if self._asm_in_graph:  # their replays would read the old scales
-                fix = "use_aiter_asm_decode=False or cudagraph_mode=PIECEWISE"
-                raise RuntimeError(f"{why} (held by CUDA graphs); set {fix}")
+                fix = "use_aiter_asm_decode off or cudagraph_mode=PIECEWISE"
+                raise RuntimeError(f"{why} (held by CUDA graphs); restart with {fix}")
             logger.error("%s: they now use the HIP decode", why)
         for table in wanted.keys() - kept:  # one new scale for all its layers
             table.fill_(*wanted[table])
@@ -323,7 +323,7 @@ def stage1_rocm_attn(src: Source) -> None:
 
     metadata = src.find("RocmAttentionMetadata")
     fields = (_METADATA_FIELDS, "use_asm_decode:", "RocmAttentionMetadata")
-    _append_to_body(src, metadata, *fields, lead="\n")
+    _append_to_body(src, metadata, *fields)
 
     builder = "RocmAttentionMetadataBuilder"
     init = src.find_def(builder, "__init__")

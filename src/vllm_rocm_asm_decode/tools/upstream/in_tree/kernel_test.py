@@ -1,7 +1,9 @@
 """ROCM_ATTN's decode on AITER's pa_fwd_asm (high_precision=2) over its fp8 KV cache."""
 
 import json
+import sys
 from dataclasses import replace
+from types import SimpleNamespace
 from unittest import mock
 
 import pytest
@@ -22,7 +24,7 @@ from vllm.v1.attention.backends import rocm_attn
 from vllm.v1.attention.backends.registry import AttentionBackendEnum
 from vllm_rocm_asm_decode.core import asm_decode_rejections
 
-DEVICE, HEAD, BLOCK, PAD = "cuda", 128, 16, 8
+HEAD, BLOCK, PAD = 128, 16, 8
 CONTEXTS = [1, 15, 16, 17, 255, 1000, 4000]
 # asm vs HIP: the sum of their errors vs fp32 on MI355X with headroom, times the V scale
 ASM_MAX, ASM_MEAN = 0.05, 0.002  # asm 0.026 / 0.00078, HIP 0.0072 / 0.00018 (max/mean)
@@ -36,6 +38,7 @@ try:
 except (ImportError, InvalidVersion):
     ASM = False
 requires_asm = pytest.mark.skipif(not ASM, reason="needs AITER 0.1.17+, gfx942/gfx950")
+DEVICE = "cuda" if ASM else "cpu"  # the builder's host-side tests run anywhere
 
 
 @pytest.fixture(autouse=True)
@@ -43,6 +46,18 @@ def _aiter_on_seeded(monkeypatch):
     torch.manual_seed(0)
     monkeypatch.setattr(rocm_aiter_ops, "_AITER_ENABLED", True)
     monkeypatch.setattr(rocm_aiter_ops, "_MHA_ENABLED", True)
+
+
+@pytest.fixture
+def gfx942(monkeypatch):
+    """What the builder reads of the GPU and AITER, as on gfx942 with AITER 0.1.17."""
+    rocm = sys.modules.get("vllm.platforms.rocm", SimpleNamespace())  # imports on ROCm
+    monkeypatch.setitem(sys.modules, "vllm.platforms.rocm", rocm)
+    monkeypatch.setattr(rocm, "on_mi3xx", lambda: True, raising=False)
+    version = SimpleNamespace(__version__="0.1.17")
+    monkeypatch.setitem(sys.modules, "aiter._version", version)
+    monkeypatch.setattr(platform_utils, "num_compute_units", lambda i=0: 304)
+    monkeypatch.setattr(rocm_aiter_ops, "is_mha_enabled", lambda: True)
 
 
 def llama(path, heads=40, kvh=8, **kw):
@@ -180,35 +195,36 @@ def test_a_captured_graph_replays_asm_and_follows_a_weight_reload(tmp_path):
 
 @requires_asm
 def test_a_reload_that_parts_the_layers_of_a_table(tmp_path):
-    """Three layers share a K and a V table: layers.2 leaves the K table for HIP with
-    one error line; once a graph holds asm, layers.1 leaving it raises instead."""
-    model, step, query = decode(tmp_path, scales=[(1.0, 1.0)] * 3)
+    """Both layers share a K and a V table; the reload moves layers.1's K scale only."""
+    model, step, query = decode(tmp_path, scales=[(1.0, 1.0)] * 2)
     tables = model.builder.build(0, step).asm_scales.values()
     assert len({id(table) for both in tables for table in both}) == 2
-    model.reload((1.0, 2.0), (1.0, 2.0), (0.5, 2.0))
+    model.reload((1.0, 2.0), (0.5, 2.0))
     with mock.patch.object(rocm_attn.logger, "error") as error:  # one line
         metadata = model.builder.build(0, step)
-    assert error.call_count == 1 and "layers.2 left" in str(error.call_args)
-    assert metadata.asm_scales.keys() == {model.layers[0], model.layers[1]}
+    assert error.call_count == 1 and "layers.1 left" in str(error.call_args)
+    assert metadata.asm_scales.keys() == {model.attn}  # layers.1 on HIP
     hip = replace(metadata, use_asm_decode=False)
-    for i in (0, 2):  # layers.0 on asm at its new V scale, layers.2 on HIP
+    for i in range(2):  # layers.0 on asm at its new V scale, layers.1 on HIP
         out = [model.run(query, m, layer=i)[:-PAD].float() for m in (metadata, hip)]
         torch.testing.assert_close(*out, atol=ASM_MAX * 2, rtol=0)
-    model.builder.build_for_cudagraph_capture(step)  # graphs of asm, then of HIP
-    model.builder.build_for_cudagraph_capture(common([16], [[1]]))
-    model.reload((1.0, 2.0), (0.25, 2.0), (0.5, 2.0))
-    with pytest.raises(RuntimeError, match=r"layers\.1 left .*asm_decode=False"):
-        model.builder.build(0, step)
 
 
-@requires_asm
-def test_the_step_decides_on_host_integers(tmp_path):
-    """asm for more query heads than 2 x CUs, one token a request; else HIP."""
-    model = Model(tmp_path, 8, 8, 2, torch.bfloat16)  # GQA 1: 8 query heads
+def test_the_builder_decides_on_host_integers(tmp_path, gfx942):
+    """asm for more query heads than 2 x CUs, one token a request; else HIP. Once a
+    graph holds asm, a reload parting the layers of a table raises: replays can't."""
+    model = Model(tmp_path, 8, 8, 2, torch.bfloat16, scales=[(1.0, 1.0)] * 2)  # GQA 1
     n = 2 * platform_utils.num_compute_units() // 8  # requests at the cut
     for lens in ([1] * n, [1] * n + [2], [1] * (n + 1) + [0], [1] * (n + 1)):
         step = common([16] * len(lens), [[1]] * len(lens), lens)
         assert model.builder.build(0, step).use_asm_decode is (lens == [1] * (n + 1))
+    model.builder.build_for_cudagraph_capture(step)  # graphs of asm, then of HIP
+    model.builder.build_for_cudagraph_capture(common([16], [[1]]))
+    model.reload((1.0, 1.0), (0.5, 1.0))
+    with pytest.raises(
+        RuntimeError, match=r"layers\.1 left .*use_aiter_asm_decode off"
+    ):
+        model.builder.build(0, step)
 
 
 def rule(path, head=HEAD, block=BLOCK, lbhnc=False, mi3xx=True, model=None, n=4, **kw):
