@@ -244,11 +244,12 @@ def test_a_diverging_reload_of_allocated_shared_tables_stops_vllm_where_graphs_h
     asm and the shared table: no fallback can make the moved layer right there, so the
     next build() raises, naming it and the remedy. Where every captured graph holds HIP
     (steps at or below the cut; cudagraph_mode=FULL's mixed graphs), its eager steps fall
-    back to HIP with one error line instead."""
+    back to HIP with one error line instead. The raise comes before any table is
+    refilled (here the V table both layers moved to 1.0 together)."""
     model, checkpoint = fp8_checkpoint(tmp_path, [(0.5, 0.25)] * 2)
     # 16 or 4 requests of 40 query heads: above the cut of 2 x CUs, or below it.
     model.builder.build_for_cudagraph_capture(harness.make_batch(model, [40] * captured).common)
-    checkpoint.reload([(0.5, 0.25), (2.0, 0.25)])
+    checkpoint.reload([(0.5, 1.0), (2.0, 1.0)])
     batch = harness.make_batch(model, [40] * 16)
     if not held:
         assert model.builder.build(0, batch.common).use_asm_decode  # layer 0 still asm
@@ -260,6 +261,7 @@ def test_a_diverging_reload_of_allocated_shared_tables_stops_vllm_where_graphs_h
     assert str(raised.value).endswith(
         " (held by CUDA graphs); restart with use_aiter_asm_decode off or cudagraph_mode=PIECEWISE"
     )
+    assert torch.all(harness.scale_tables(model.builder, model.names[0])[1] == 0.25)
 
 
 def test_k_and_v_at_one_scale_reloaded_apart_under_full_graphs(tmp_path, kernels, plugin_log):
