@@ -222,7 +222,8 @@ def test_a_diverging_reload_of_allocated_shared_tables_sends_those_layers_to_hip
     ]
     assert level == "ERROR"
     first, second, third = model.names
-    assert f"KV scales of {second} left" in line and "they now use the HIP decode" in line
+    assert f"KV scales of {second} left" in line
+    assert line.endswith("they use the HIP decode until a restart")
     assert harness.asm_layers(model.builder) == {first, third}
     harness.fill_context(model, batch)
     for name in model.names:
@@ -249,6 +250,8 @@ def test_a_diverging_reload_of_allocated_shared_tables_stops_vllm_where_graphs_h
     model, checkpoint = fp8_checkpoint(tmp_path, [(0.5, 0.25)] * 2)
     # 16 or 4 requests of 40 query heads: above the cut of 2 x CUs, or below it.
     model.builder.build_for_cudagraph_capture(harness.make_batch(model, [40] * captured).common)
+    v_table = harness.scale_tables(model.builder, model.names[0])[1]
+    v_before = v_table.clone()
     checkpoint.reload([(0.5, 1.0), (2.0, 1.0)])
     batch = harness.make_batch(model, [40] * 16)
     if not held:
@@ -261,7 +264,7 @@ def test_a_diverging_reload_of_allocated_shared_tables_stops_vllm_where_graphs_h
     assert str(raised.value).endswith(
         " (held by CUDA graphs); restart with use_aiter_asm_decode off or cudagraph_mode=PIECEWISE"
     )
-    assert torch.all(harness.scale_tables(model.builder, model.names[0])[1] == 0.25)
+    assert torch.equal(v_table, v_before)  # not refilled: nothing changed before the raise
 
 
 def test_k_and_v_at_one_scale_reloaded_apart_under_full_graphs(tmp_path, kernels, plugin_log):

@@ -273,7 +273,7 @@ _STAGE_1_RELOAD = """\
             if self._asm_in_graph:  # their replays would read the old scales
                 fix = "use_aiter_asm_decode off or cudagraph_mode=PIECEWISE"
                 raise RuntimeError(f"{why} (held by CUDA graphs); restart with {fix}")
-            logger.error("%s: they now use the HIP decode", why)
+            logger.error("%s: they use the HIP decode until a restart", why)
         for table in wanted.keys() - kept:  # one new scale for all its layers
             table.fill_(*wanted[table])
         self._asm_scales = {x: t for x, t in self._asm_scales.items() if x not in stale}
@@ -294,8 +294,8 @@ _BUILD_DECIDE = """\
 """
 
 _FORWARD_ASM = """\
-        asm = attn_metadata.use_asm_decode and output_scale is None  # else HIP's quant
-        if asm and (scales := (attn_metadata.asm_scales or {}).get(layer)):
+        scales = (attn_metadata.asm_scales or {}).get(layer)
+        if attn_metadata.use_asm_decode and scales and output_scale is None:
             rocm_aiter_ops.pa_fwd_asm(
                 Q=query[:num_actual_tokens],
                 K=key_cache,

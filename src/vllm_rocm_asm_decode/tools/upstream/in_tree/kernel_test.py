@@ -211,8 +211,8 @@ def test_a_reload_that_parts_the_layers_of_a_table(tmp_path):
 
 
 def test_the_builder_decides_on_host_integers(tmp_path, gfx942):
-    """asm for more query heads than 2 x CUs, one token a request; else HIP. Once a
-    graph holds asm, a reload parting the layers of a table raises: replays can't."""
+    """asm for more query heads than 2 x CUs, one token a request; else HIP. A reload
+    refills the tables in place; once a graph holds asm, one parting them raises."""
     model = Model(tmp_path, 8, 8, 2, torch.bfloat16, scales=[(1.0, 1.0)] * 2)  # GQA 1
     n = 2 * platform_utils.num_compute_units() // 8  # requests at the cut
     for lens in ([1] * n, [1] * n + [2], [1] * (n + 1) + [0], [1] * (n + 1)):
@@ -220,7 +220,10 @@ def test_the_builder_decides_on_host_integers(tmp_path, gfx942):
         assert model.builder.build(0, step).use_asm_decode is (lens == [1] * (n + 1))
     model.builder.build_for_cudagraph_capture(step)  # graphs of asm, then of HIP
     model.builder.build_for_cudagraph_capture(common([16], [[1]]))
-    model.reload((1.0, 1.0), (0.5, 1.0))
+    model.reload((0.5, 2.0), (0.5, 2.0))  # what the graphs read moves with the layers
+    k, v = model.builder.build(0, step).asm_scales[model.attn]
+    assert (k == model.attn._k_scale).all() and (v == model.attn._v_scale).all()
+    model.reload((0.5, 2.0), (0.25, 2.0))
     with pytest.raises(
         RuntimeError, match=r"layers\.1 left .*use_aiter_asm_decode off"
     ):
