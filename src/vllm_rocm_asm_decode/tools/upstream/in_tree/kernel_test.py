@@ -58,6 +58,7 @@ def gfx942(monkeypatch):
     monkeypatch.setitem(sys.modules, "aiter._version", version)
     monkeypatch.setattr(platform_utils, "num_compute_units", lambda i=0: 304)
     monkeypatch.setattr(rocm_aiter_ops, "is_mha_enabled", lambda: True)
+    return version
 
 
 def llama(path, heads=40, kvh=8, **kw):
@@ -94,8 +95,8 @@ class Model(torch.nn.Module):
         process_weights_after_loading(self, model, device.device)
         self.attn, names = self.layers[0], [x.layer_name for x in self.layers]
         spec = self.attn.get_kv_cache_spec(self.config)  # the builder first, as in vLLM
-        builder = self.attn.attn_backend.get_builder_cls()
-        self.builder = builder(spec, names, self.config, device.device)
+        self.args = (spec, names, self.config, device.device)  # the builder's
+        self.builder = self.attn.attn_backend.get_builder_cls()(*self.args)
         shape = (2, blocks, BLOCK, kvh * HEAD)  # 8.6 GB for pages 4 GiB apart
         codes = torch.randint(1, 65, shape, dtype=torch.uint8, device=DEVICE)  # <= 2.0
         codes |= torch.randint_like(codes, 0, 2).bitwise_left_shift_(7)  # never NaN
@@ -185,7 +186,7 @@ def test_a_captured_graph_replays_asm_and_follows_a_weight_reload(tmp_path):
     with torch.cuda.graph(graph):
         model.run(query, metadata, out)
     assert metadata.use_asm_decode
-    for k, v in ((1.0, 0.5), (0.25, 4.0)):  # K and V scales equal, then apart
+    for k, v in ((1.0, 0.5), (0.25, 4.0)):  # V's scale alone moves, then both
         model.reload((k, v))
         eager = replace(model.builder.build(0, step), use_asm_decode=False)  # refills
         hip = model.run(query, eager)[:-PAD].float()
@@ -218,16 +219,34 @@ def test_the_builder_decides_on_host_integers(tmp_path, gfx942):
     for lens in ([1] * n, [1] * n + [2], [1] * (n + 1) + [0], [1] * (n + 1)):
         step = common([16] * len(lens), [[1]] * len(lens), lens)
         assert model.builder.build(0, step).use_asm_decode is (lens == [1] * (n + 1))
-    model.builder.build_for_cudagraph_capture(step)  # graphs of asm, then of HIP
-    model.builder.build_for_cudagraph_capture(common([16], [[1]]))
-    model.reload((0.5, 2.0), (0.5, 2.0))  # what the graphs read moves with the layers
-    k, v = model.builder.build(0, step).asm_scales[model.attn]
+    k, v = model.builder.build_for_cudagraph_capture(step).asm_scales[model.attn]
+    model.builder.build_for_cudagraph_capture(common([16], [[1]]))  # then HIP's graphs
+    model.reload((0.5, 2.0), (0.5, 2.0))
+    model.builder.build(0, step)  # refills the tables the graphs hold, in place
     assert (k == model.attn._k_scale).all() and (v == model.attn._v_scale).all()
     model.reload((0.5, 2.0), (0.25, 2.0))
-    with pytest.raises(
-        RuntimeError, match=r"layers\.1 left .*use_aiter_asm_decode off"
-    ):
+    with pytest.raises(RuntimeError, match=r"layers\.1 left .*asm_decode off"):
         model.builder.build(0, step)
+
+
+def test_what_keeps_every_layer_on_hip(tmp_path, gfx942):
+    """The switch, AITER unsupported or before 0.1.17, a builder derived from this
+    one, steps that can never pass the cut: no tables, whatever the step."""
+    model = Model(tmp_path, 8, 8, 2, torch.bfloat16)
+    n, builder = 2 * platform_utils.num_compute_units() // 8, type(model.builder)
+    step = common([16] * (n + 1), [[1]] * (n + 1))  # above the cut
+    assert model.builder.build(0, step).asm_scales  # bound where none of them holds
+    model.config.attention_config.use_aiter_asm_decode = False  # the switch
+    assert not builder(*model.args).build(0, step).asm_scales
+    model.config.attention_config.use_aiter_asm_decode = True
+    with mock.patch.object(rocm_aiter_ops, "is_mha_enabled", lambda: None):
+        assert not builder(*model.args).build(0, step).asm_scales
+    with mock.patch.object(gfx942, "__version__", "0.1.16"):  # block ids >= 65536
+        assert not builder(*model.args).build(0, step).asm_scales
+    derived = type("Derived", (builder,), {})  # a backend built on ROCM_ATTN's
+    assert not derived(*model.args).build(0, step).asm_scales
+    model.config.scheduler_config.max_num_seqs = n  # n x 8 query heads: at the cut
+    assert not builder(*model.args).build(0, step).asm_scales
 
 
 def rule(path, head=HEAD, block=BLOCK, lbhnc=False, mi3xx=True, model=None, n=4, **kw):
