@@ -27,3 +27,4 @@ def _trust_this_aiter(monkeypatch):
 del test_a_reload_that_parts_the_layers_of_a_table  # noqa: F821
 del test_the_builder_decides_on_host_integers  # noqa: F821
 del test_what_keeps_every_layer_on_hip  # noqa: F821
+del test_four_scale_tables_at_most  # noqa: F821

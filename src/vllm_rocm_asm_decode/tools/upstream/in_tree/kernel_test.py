@@ -214,8 +214,8 @@ def test_a_reload_that_parts_the_layers_of_a_table(tmp_path):
 def test_the_builder_decides_on_host_integers(tmp_path, gfx942):
     """asm for more query heads than 2 x CUs, one token a request; else HIP. A reload
     refills the tables in place; once a graph holds asm, one parting them raises."""
-    model = Model(tmp_path, 8, 8, 2, torch.bfloat16, scales=[(1.0, 1.0)] * 2)  # GQA 1
-    n = 2 * platform_utils.num_compute_units() // 8  # requests at the cut
+    model = Model(tmp_path, 16, 8, 2, torch.bfloat16, scales=[(1.0, 1.0)] * 2)  # GQA 2
+    n = 2 * platform_utils.num_compute_units() // 16  # requests at the cut
     for lens in ([1] * n, [1] * n + [2], [1] * (n + 1) + [0], [1] * (n + 1)):
         step = common([16] * len(lens), [[1]] * len(lens), lens)
         assert model.builder.build(0, step).use_asm_decode is (lens == [1] * (n + 1))
@@ -224,6 +224,7 @@ def test_the_builder_decides_on_host_integers(tmp_path, gfx942):
     model.reload((0.5, 2.0), (0.5, 2.0))
     model.builder.build(0, step)  # refills the tables the graphs hold, in place
     assert (k == model.attn._k_scale).all() and (v == model.attn._v_scale).all()
+    assert k.shape == v.shape == (2, 8, BLOCK)  # [blocks, KV heads, slots]
     model.reload((0.5, 2.0), (0.25, 2.0))
     with pytest.raises(RuntimeError, match=r"layers\.1 left .*asm_decode off"):
         model.builder.build(0, step)
@@ -231,9 +232,9 @@ def test_the_builder_decides_on_host_integers(tmp_path, gfx942):
 
 def test_what_keeps_every_layer_on_hip(tmp_path, gfx942):
     """The switch, AITER unsupported or before 0.1.17, a builder derived from this
-    one, steps that can never pass the cut: no tables, whatever the step."""
-    model = Model(tmp_path, 8, 8, 2, torch.bfloat16)
-    n, builder = 2 * platform_utils.num_compute_units() // 8, type(model.builder)
+    one, steps that can never pass the cut: no table bound, whatever the step."""
+    model = Model(tmp_path, 16, 8, 2, torch.bfloat16)  # GQA 2
+    n, builder = 2 * platform_utils.num_compute_units() // 16, type(model.builder)
     step = common([16] * (n + 1), [[1]] * (n + 1))  # above the cut
     assert model.builder.build(0, step).asm_scales  # bound where none of them holds
     model.config.attention_config.use_aiter_asm_decode = False  # the switch
@@ -245,8 +246,18 @@ def test_what_keeps_every_layer_on_hip(tmp_path, gfx942):
         assert not builder(*model.args).build(0, step).asm_scales
     derived = type("Derived", (builder,), {})  # a backend built on ROCM_ATTN's
     assert not derived(*model.args).build(0, step).asm_scales
-    model.config.scheduler_config.max_num_seqs = n  # n x 8 query heads: at the cut
+    model.config.scheduler_config.max_num_seqs = n  # n x 16 query heads: at the cut
     assert not builder(*model.args).build(0, step).asm_scales
+
+
+@pytest.mark.parametrize("tables", [4, 5])
+def test_four_scale_tables_at_most(tmp_path, gfx942, tables):
+    """One per distinct K and V scale, outside vLLM's KV budget: all layers or none."""
+    scales = [(1.0, 1.0), (2.0, 4.0), (4.0, 1.0)][: tables - 2]
+    model = Model(tmp_path, 16, 8, 2, torch.bfloat16, scales=scales)
+    n = 2 * platform_utils.num_compute_units() // 16 + 1  # above the cut
+    step = common([16] * n, [[1]] * n)
+    assert len(model.builder.build(0, step).asm_scales) == (2 if tables == 4 else 0)
 
 
 def rule(path, head=HEAD, block=BLOCK, lbhnc=False, mi3xx=True, model=None, n=4, **kw):
