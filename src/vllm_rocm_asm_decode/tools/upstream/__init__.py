@@ -421,11 +421,20 @@ def apply(
         return _apply(root, stage, written)
 
 
+def _changes(files: dict[Path, tuple[str | None, str]]) -> list[FileChange]:
+    """The files of a plan whose text changes, with their line counts."""
+    return [
+        FileChange(rel, *diff_counts(old or "", text), new=old is None)
+        for rel, (old, text) in files.items()
+        if old != text
+    ]
+
+
 def _apply(root: Path, stage: int, written: list[FileChange] | None) -> list[FileChange]:
     files = _plan(root, stage)
     for rel in files:
         _check_way(root, rel)
-    changes: list[FileChange] = []
+    changes = _changes(files)
     staged: list[tuple[Path, Path, str | None]] = []  # (temp, path, old text)
     made: list[Path] = []  # directories this run created
     done = 0
@@ -457,7 +466,6 @@ def _apply(root: Path, stage: int, written: list[FileChange] | None) -> list[Fil
                 shutil.copymode(path, temp)
             else:  # mkstemp's 0600 would make the new file private
                 os.chmod(temp, _new_file_mode())
-            changes.append(FileChange(rel, *diff_counts(old or "", text), new=old is None))
         with _HeldInterrupt():
             try:
                 for temp, path, _ in staged:
@@ -614,12 +622,7 @@ def check(root: Path, stage: int = DEFAULT_STAGE) -> list[FileChange]:
     for rel in written(stage):
         _check_way(root, rel)
     with _one_run_at_a_time(root, reading=True):
-        files = _plan(root, stage)
-    changes = [
-        FileChange(rel, *diff_counts(old or "", text), new=old is None)
-        for rel, (old, text) in files.items()
-        if old != text
-    ]
+        changes = _changes(_plan(root, stage))
     for change in changes:
         if why := _unwritable(root / change.path):
             raise UpstreamError(f"cannot write {root / change.path}: {why}; a real run would fail")
