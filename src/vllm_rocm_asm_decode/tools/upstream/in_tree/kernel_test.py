@@ -217,7 +217,7 @@ def test_the_builder_decides_on_host_integers(tmp_path, gfx942):
     refills the tables in place; once a graph holds asm, one parting them raises."""
     model = Model(tmp_path, 16, 8, 2, torch.bfloat16, scales=[(1.0, 1.0)] * 2)  # GQA 2
     n = 2 * platform_utils.num_compute_units() // 16  # requests at the cut
-    for lens in ([1] * n, [1] * n + [2], [1] * (n + 1) + [0], [1] * (n + 1)):
+    for lens in ([1] * n, [1] * n + [0, 2], [1] * (n + 1) + [0], [1] * (n + 1)):
         step = common([16] * len(lens), [[1]] * len(lens), lens)
         assert model.builder.build(0, step).use_asm_decode is (lens == [1] * (n + 1))
     k, v = model.builder.build_for_cudagraph_capture(step).asm_scales[model.attn]
