@@ -299,7 +299,7 @@ _FORWARD_ASM = """\
             rocm_aiter_ops.pa_fwd_asm(
                 Q=query[:num_actual_tokens],
                 K=key_cache,
-                V=value_cache.unsqueeze(2),
+                V=value_cache.unsqueeze(2),  # AITER's [B, H, 1, D, 16]; interleaved too
                 block_tables=block_table,
                 context_lens=seqused_k,
                 block_tables_stride0=block_table.stride(0),
