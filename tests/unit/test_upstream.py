@@ -8,6 +8,7 @@ import ast
 import fcntl
 import os
 import re
+import shlex
 import shutil
 import stat
 import subprocess
@@ -243,6 +244,13 @@ def test_a_byte_order_mark_is_named_with_its_path(tree, capsys):
         assert code == 2 and f"{path} starts with a byte-order mark" in err, err
 
 
+def test_a_byte_order_mark_in_the_version_file_gets_the_same_line(tree, capsys):
+    path = tree / "vllm/_version.py"
+    path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes())
+    code, _, err = run(capsys, str(tree), "--check")
+    assert code == 2 and f"{path} starts with a byte-order mark (U+FEFF)" in err, err
+
+
 def test_a_run_waits_for_another_on_the_same_tree_then_is_refused(tree, capsys, monkeypatch):
     """Another run's lock held on DIR (flock, as that run holds it): the run waits
     ``LOCK_WAIT_S``, then stops in one line, writing nothing."""
@@ -295,7 +303,9 @@ def test_another_version_of_the_change_is_refused_not_stacked(tree, capsys, old,
     path.write_text(path.read_text().replace(old, new))
     before = snapshot(tree)
     code, _, err = run(capsys, str(tree))
-    assert code == 2 and f"another version of this change is in {where}" in err, err
+    line = next(i for i, x in enumerate(path.read_text().splitlines(), 1) if new in x)
+    assert code == 2 and f"another version of this change is in {where} (line {line} " in err
+    assert f"reads {new.strip()!r} where it writes {old.strip()!r})" in err, err
     hint = f"copy {upstream.ROCM_ATTN} from an unmodified vLLM 0.33.x"  # not a git tree
     assert hint in err and snapshot(tree) == before
 
@@ -575,7 +585,14 @@ def test_a_moved_anchor_stops_with_one_line_and_writes_nothing(tree, capsys, cas
 
 @pytest.mark.parametrize(
     ("version", "ok"),
-    [("0.33.0", True), ("0.33.2rc1.dev5+gabc", True), ("0.34.0", False), ("0.3.3", False)],
+    [
+        ("0.33.0", True),
+        ("0.33.2rc1.dev5+gabc", True),
+        ("0.34.0", False),
+        ("0.3.3", False),
+        ("\uff10.33.0", False),  # a fullwidth 0, which int() would read
+    ],
+    ids=["0.33.0", "0.33-dev", "0.34.0", "0.3.3", "fullwidth-digit"],
 )
 def test_only_vllm_0_33_trees_are_taken(tree, capsys, version, ok):
     (tree / "vllm/_version.py").write_text(f"__version__ = version = '{version}'\n")
@@ -666,15 +683,21 @@ def test_an_installed_vllm_package_is_told_to_write_into_a_copy(tree, capsys):
     assert "is an installed vLLM package; write into a git checkout, or into a copy" in err
 
 
-def test_the_git_hint_only_for_a_git_checkout(tree, capsys):
+def test_the_git_hint_only_for_a_git_checkout(tree, capsys, monkeypatch, tmp_path_factory):
+    """In a git checkout, the next step from the checkout's top (git diff names files
+    from there, pre-commit reads them from there), whatever the directory of the run."""
     code, out, _ = run(capsys, str(tree))
-    assert code == 0 and "changed:" in out and "next: git" not in out
-    other = stock_tree(tree.parent / "checkout")
-    git = ["git", "-C", str(other), "-c", "user.email=t@t", "-c", "user.name=t"]
-    subprocess.run([*git, "init", "-q"], check=True)
+    assert code == 0 and "changed:" in out and "next:" not in out
+    top = tmp_path_factory.mktemp("it's a checkout")  # a name the shell must quote
+    other = stock_tree(top / "src")  # DIR below the checkout's top
+    subprocess.run(["git", "init", "-q", str(top)], check=True)
+    monkeypatch.chdir(tmp_path_factory.mktemp("elsewhere"))
     code, out, _ = run(capsys, str(other))
     hint = out.split("\n--- pull-request text")[0].splitlines()[-1]
-    assert code == 0 and hint.startswith("next: git add -A && pre-commit run")
+    top = shlex.quote(str(top.resolve()))
+    assert code == 0 and hint == (
+        f"next: cd {top} && git add -A && pre-commit run --files $(git diff --cached --name-only)"
+    )
 
 
 def test_a_run_that_read_the_tree_keeps_the_next_run_out_until_it_has_written(tree, monkeypatch):
@@ -818,6 +841,36 @@ def test_check_on_a_read_only_tree_says_so(tree, capsys):
     assert code == 2 and "Permission denied; a real run would fail" in err
 
 
+def test_check_names_a_file_that_cannot_be_replaced(tree, capsys):
+    """An immutable file (chattr +i) in a directory that takes new files: rename(2) over
+    it fails with EPERM, so --check says so in one line, as the run then fails."""
+    path = tree / upstream.ROCM_ATTN
+    chattr = shutil.which("chattr")
+    if chattr is None or subprocess.run([chattr, "+i", path], capture_output=True).returncode:
+        pytest.skip("chattr +i needs root and a file system with inode flags")
+    try:
+        checked = run(capsys, str(tree), "--check")
+        written = run(capsys, str(tree))
+    finally:
+        subprocess.run([chattr, "-i", path], check=True)
+    assert checked[:2] == (2, "") and checked[2].count("\n") == 1
+    assert f"cannot write {path}: Operation not permitted; a real run would" in checked[2]
+    assert written[0] == 2 and "Operation not permitted; no file was changed" in written[2]
+
+
+def test_check_names_a_file_of_another_user_in_a_sticky_directory(tree, capsys, monkeypatch):
+    """A sticky directory (chmod +t) lets only the file's or the directory's owner (or
+    root) rename over a file: as another user, --check refuses it."""
+    backends = (tree / upstream.ROCM_ATTN).parent
+    backends.chmod(0o1777)
+    owner = (tree / upstream.ROCM_ATTN).stat().st_uid
+    monkeypatch.setattr(os, "geteuid", lambda: owner + backends.stat().st_uid + 1)
+    code, _, err = run(capsys, str(tree), "--check")
+    assert code == 2 and "Operation not permitted; a real run would fail" in err, err
+    backends.chmod(0o755)
+    assert run(capsys, str(tree), "--check")[0] == 1  # not sticky: would change
+
+
 # --------------------------------------------------------------------------------------
 # Part of a stage, files of the user's, line endings, Ctrl-C, a closed stdout
 
@@ -847,7 +900,8 @@ PARTS = {
         1,
         upstream.ROCM_ATTN,
         _drop(STAGE_1_FIELD),
-        "carries part of stage 1: it lacks the edit of RocmAttentionMetadata and has the rest",
+        "carries part of stage 1: it lacks the edit of RocmAttentionMetadata ("
+        f"{STAGE_1_FIELD.strip()!r} is not there) and has the rest",
     ),
     "stage-1-keyword-deleted": (
         1,
@@ -859,7 +913,8 @@ PARTS = {
         2,
         upstream.ROCM_ATTN,
         _drop("    asm_split: _AsmDecodeSplit | None = None\n"),
-        "carries part of stage 2: it lacks the edit of RocmAttentionMetadata and has the rest",
+        "carries part of stage 2: it lacks the edit of RocmAttentionMetadata ("
+        "'asm_split: _AsmDecodeSplit | None = None' is not there) and has the rest",
     ),
     # A stock tree where one field of stage 1 was written by hand.
     "stage-1-field-by-hand": (

@@ -40,12 +40,15 @@ from __future__ import annotations
 import ast
 import atexit
 import contextlib
+import errno
 import fcntl
 import functools
 import os
 import re
+import shlex
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -124,11 +127,7 @@ def _read_lf(path: Path) -> tuple[str, str]:
         raise UpstreamError(f"{path} is not UTF-8 text (byte {exc.start})") from None
     except OSError as exc:
         raise UpstreamError(f"cannot read {path}: {exc.strerror or exc}") from None
-    if raw.startswith("\ufeff"):
-        raise UpstreamError(
-            f"{path} starts with a byte-order mark (U+FEFF), which vLLM's files do not; "
-            "remove it (git checkout -- the file) and run again; nothing written"
-        )
+    _refuse_a_byte_order_mark(path, raw)
     if "\r" not in raw:
         return raw, raw
     if raw.count("\r\n") == raw.count("\r") == raw.count("\n"):
@@ -137,6 +136,14 @@ def _read_lf(path: Path) -> tuple[str, str]:
         f"{path} mixes line endings (CRLF with LF or a lone CR); give it one kind "
         "(git checkout -- the file, or dos2unix) and run again; nothing written"
     )
+
+
+def _refuse_a_byte_order_mark(path: Path, text: str) -> None:
+    if text.startswith("\ufeff"):
+        raise UpstreamError(
+            f"{path} starts with a byte-order mark (U+FEFF), which vLLM's files do not; "
+            "remove it (git checkout -- the file) and run again; nothing written"
+        )
 
 
 def _as_file(text: str, raw: str) -> str:
@@ -172,6 +179,7 @@ def tree_version(root: Path) -> tuple[str, str]:
             f"cannot tell which vLLM {root} is: no vllm/_version.py and no v* git tag"
         )
     text = _read(version_file)
+    _refuse_a_byte_order_mark(version_file, text)
     found = re.search(
         r"^__version__\s*(?::\s*str\s*)?=\s*(?:version\s*=\s*)?['\"]([^'\"]+)['\"]",
         text,
@@ -254,7 +262,7 @@ def check_tree(root: Path, stage: int = DEFAULT_STAGE) -> str:
             "checkout, or into a copy of its vllm/ directory elsewhere"
         )
     version, source = tree_version(root)
-    numbers = re.match(r"(\d+)\.(\d+)", version)
+    numbers = re.match(r"(\d+)\.(\d+)", version, re.ASCII)  # int() reads other digits too
     if numbers is None or (int(numbers[1]), int(numbers[2])) != SUPPORTED:
         raise UpstreamError(
             f"{root} is vLLM {version} (from {source}); this change is written for vLLM 0.33.x only"
@@ -330,7 +338,7 @@ def _plan(root: Path, stage: int) -> dict[Path, tuple[str | None, str]]:
         if there != text:
             raise UpstreamError(
                 f"{path} is there already and is not the file stage {n} writes; move it "
-                "aside (this run would replace it) and run again; nothing written"
+                "aside (a run writes its own) and run again; nothing written"
             )
         files[rel] = (raw, raw)
     return files
@@ -343,9 +351,10 @@ def _refuse_part_of_a_stage(src: Source, stage: int, before: str) -> None:
     again = f"start from vLLM's own file ({src.restore}) and run again"
     if src.found and src.added:
         missing = ", ".join(dict.fromkeys(src.added))
+        where = src.departures[src.added[0]]
         raise UpstreamError(
             f"{src.path}: carries part of stage {stage}: it lacks the edit of {missing} "
-            f"and has the rest; {again}"
+            f"({where}) and has the rest; {again}"
         )
     if src.added:
         old, new = _definitions(Source(src.path, before)), _definitions(src)
@@ -640,6 +649,36 @@ def _unwritable(path: Path) -> str | None:
         return str(exc.strerror or exc)
     os.close(fd)
     os.unlink(name)
+    return _not_replaceable(path) if path.exists() else None
+
+
+#: ``FS_IOC_GETFLAGS`` (linux/fs.h), and its ``FS_IMMUTABLE_FL | FS_APPEND_FL``.
+_GETFLAGS, _IMMUTABLE_OR_APPEND = 0x80086601, 0x10 | 0x20
+
+
+def _not_replaceable(path: Path) -> str | None:
+    """Why renaming a file over ``path`` fails where its directory takes new files:
+    rename(2) gives EPERM for an immutable or append-only file (``chattr +i``/``+a``),
+    and in a sticky directory (``chmod +t``) for a file neither the user's nor the
+    directory's, unless root. None when neither holds, or where Linux's flags cannot be
+    read (the run then says what failed, with nothing changed)."""
+    flags = bytearray(8)
+    try:
+        file, directory = path.stat(), path.parent.stat()
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        fcntl.ioctl(fd, _GETFLAGS, flags)
+    except OSError:  # a file system without such flags (tmpfs), or not Linux
+        pass
+    finally:
+        os.close(fd)
+    sticky = directory.st_mode & stat.S_ISVTX
+    if int.from_bytes(flags[:4], sys.byteorder) & _IMMUTABLE_OR_APPEND or (
+        sticky and os.geteuid() not in (0, file.st_uid, directory.st_uid)
+    ):
+        return os.strerror(errno.EPERM)
     return None
 
 
@@ -725,8 +764,12 @@ def _report(root: Path, stage: int, which: str, changes: list[FileChange], dry_r
         return
     print(f"{root}: changed:")
     print(diff_stat(changes))
-    if _git(root, "rev-parse", "--is-inside-work-tree") == "true":
-        print("next: git add -A && pre-commit run --files $(git diff --cached --name-only)")
+    if (top := _git(root, "rev-parse", "--show-toplevel")) is not None:
+        # From the checkout's top: git diff's names are relative to it, as pre-commit's.
+        print(
+            f"next: cd {shlex.quote(top)} && git add -A && "
+            "pre-commit run --files $(git diff --cached --name-only)"
+        )
     print(f"\n--- pull-request text, stage {stage} ---")
     print(pr_text(stage), end="")
 

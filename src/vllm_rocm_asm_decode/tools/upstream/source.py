@@ -5,6 +5,7 @@ settings. Every lookup that fails names its anchor in one line."""
 from __future__ import annotations
 
 import ast
+import difflib
 import functools
 import sys
 from pathlib import Path
@@ -78,6 +79,22 @@ def body_start(node: ast.FunctionDef) -> ast.stmt:
     return body[1] if has_doc and len(body) > 1 else body[0]
 
 
+def departure(block: str, text: str) -> str:
+    """Where ``text`` departs from ``block``, for a refusal to point at: the first line
+    of ``block`` that ``text`` lacks (indentation aside), and the line of ``text`` most
+    like it, by number, when there is one (a hand edit)."""
+    have = [line.strip() for line in text.split("\n")]
+    wanted = next((w for w in map(str.strip, block.split("\n")) if w and w not in have), None)
+    if wanted is None:
+        return "its lines, in another order"
+    code = wanted.split("  #")[0]  # its comment edited, or a near copy: an edit of it
+    close = [h for h in have if h.split("  #")[0] == code]
+    close = close or difflib.get_close_matches(wanted, have, n=1, cutoff=0.85)
+    if not close:
+        return f"{wanted!r} is not there"
+    return f"line {have.index(close[0]) + 1} reads {close[0]!r} where it writes {wanted!r}"
+
+
 @functools.lru_cache(maxsize=128)
 def _parse(text: str) -> ast.Module:
     """``ast.parse``, once per text: every run edits the same files in the same order, so
@@ -106,10 +123,12 @@ class Source:
         #: where it goes: a file that has some of a stage and lacks the rest is refused.
         self.found: list[str] = []
         self.added: list[str] = []
+        #: Where the file departed from each added edit before it was added.
+        self.departures: dict[str, str] = {}
 
     def begin(self) -> None:
         """Start recording what one stage's edits find and add."""
-        self.found, self.added = [], []
+        self.found, self.added, self.departures = [], [], {}
 
     @property
     def lines(self) -> list[str]:
@@ -147,10 +166,11 @@ class Source:
         scope_text = self.text if scope is None else self.segment(scope)
         if marker in scope_text:
             raise UpstreamError(
-                f"{self.path}: another version of this change is in {where}; "
-                f"start from vLLM's own file ({self.restore})"
+                f"{self.path}: another version of this change is in {where} "
+                f"({departure(block, self.text)}); start from vLLM's own file ({self.restore})"
             )
         self.added.append(where)
+        self.departures.setdefault(where, departure(block, self.text))
         return False
 
     def moved(self, anchor: str) -> UpstreamError:
