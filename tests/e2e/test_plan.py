@@ -648,3 +648,78 @@ def test_a_page_past_2_gib_is_said_plainly(capsys):
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "a KV page of 2147500032 bytes ends past 2 GiB: every layer keeps HIP" in out
+
+
+def table_rows(text: str) -> dict[int, list[str]]:
+    """The batch table's rows of a text plan, by sequence count."""
+    start = text.index("  seqs  query heads")
+    rows = [line.split() for line in text[start:].splitlines()[1:] if line.strip()]
+    return {int(row[0]): row[1:] for row in rows}
+
+
+@pytest.mark.parametrize("mode", ["PIECEWISE", "NONE"])
+def test_without_full_decode_graphs_the_skew_clause_decides_the_worst_case(
+    mode, monkeypatch, capsys
+):
+    """Qwen3-14B on MI355X (8 KV heads, max_model_len 40960): no graph holds the
+    attention, so the worst-case step (one request at 40960 among one-token ones) is
+    decided on its lengths, and the skew clause sends it to HIP at every size: 67 x
+    40960 passes 8 x (40960 + 511) + 19500. Steps of short contexts run asm from 16."""
+    monkeypatch.delenv("VLLM_ROCM_ASM_DECODE_SKEW", raising=False)
+    plan = make_plan(model="qwen3-14b-fp8", gpu="mi355x", cudagraph_mode=mode)
+    assert min(asm_sizes(plan)) == 16
+    assert {b["worst_kernel"] for b in plan.batches} == {"hip"}
+    assert main(["plan", "--gpu", "mi355x", "--cudagraph-mode", mode]) == 0
+    text = capsys.readouterr().out
+    assert "captured graphs hold" not in text
+    skew = next(line for line in text.splitlines() if line.startswith("skew "))
+    assert skew.endswith("each step is decided on its lengths (worst case below)"), skew
+    assert (
+        f"batch sizes, for short contexts (cudagraph_mode {mode}: no graph holds the "
+        "attention; each step is decided on its lengths);"
+    ) in text
+    rows = table_rows(text)
+    assert rows[16][1] == "asm" and rows[16][-1] == "hip"  # kernel, worst runs
+    assert {row[-1] for row in rows.values()} == {"hip"}
+    assert main(["plan", "--gpu", "mi355x", "--cudagraph-mode", mode, "--json"]) == 0
+    batches = json.loads(capsys.readouterr().out)["batches"]
+    assert {b["worst_kernel"] for b in batches} == {"hip"}
+    assert {b["num_seqs"]: b["kernel"] for b in batches}[16] == "asm"
+
+
+@pytest.mark.parametrize(
+    ("mode", "env", "worst_16"),
+    [
+        pytest.param("FULL_AND_PIECEWISE", None, "asm", id="full-decode-graphs-hold-asm"),
+        pytest.param("FULL_DECODE_ONLY", None, "asm", id="decode-only-graphs-hold-asm"),
+        pytest.param("FULL", None, "hip", id="full-graphs-hold-hip"),
+        pytest.param("NONE", "0", "asm", id="eager-with-skew-off-runs-asm"),
+        pytest.param("PIECEWISE", "0", "asm", id="piecewise-with-skew-off-runs-asm"),
+    ],
+)
+def test_the_worst_case_runs_what_holds_it(mode, env, worst_16, monkeypatch, capsys):
+    """Captured graphs replay their kernel for any lengths, and with the skew clause off
+    (its ratio 0) nothing sends a step of asm's size back to HIP: the worst case runs
+    the kernel column's kernel."""
+    if env is None:
+        monkeypatch.delenv("VLLM_ROCM_ASM_DECODE_SKEW", raising=False)
+    else:
+        monkeypatch.setenv("VLLM_ROCM_ASM_DECODE_SKEW", env)
+    plan = make_plan(model="qwen3-14b-fp8", gpu="mi355x", cudagraph_mode=mode)
+    assert all(b["worst_kernel"] == b["kernel"] for b in plan.batches)
+    assert {b["num_seqs"]: b["worst_kernel"] for b in plan.batches}[16] == worst_16
+    assert main(["plan", "--gpu", "mi355x", "--cudagraph-mode", mode]) == 0
+    text = capsys.readouterr().out
+    assert table_rows(text)[16][-1] == worst_16
+    if env is None:
+        assert "captured graphs hold their kernel for any lengths (worst case below)" in text
+
+
+def test_a_config_only_directory_says_no_checkpoint_was_read(tmp_path, capsys):
+    """A directory of config.json alone has no checkpoint to read scales from: not a
+    checkpoint "without" scales, but one plan never saw, as for a preset."""
+    model = str(harness.write_model_dir(tmp_path, num_heads=32, num_kv_heads=8))
+    plan = make_plan(model=model, gpu="mi355x")
+    assert plan.kv_scales == "1.0 (config only, no checkpoint read)"
+    assert main(["plan", "--model", model, "--gpu", "mi355x"]) == 0
+    assert "; KV scales: 1.0 (config only, no checkpoint read)" in capsys.readouterr().out

@@ -36,7 +36,7 @@ from ..eligibility import (
 )
 from ..kernel_table import KernelTable, fallback_table
 from ..page_span import SPAN_LIMIT
-from ..skew import ASM_SKEW_HEAD_TOKENS, ASM_SKEW_RATIO
+from ..skew import ASM_SKEW_HEAD_TOKENS, ASM_SKEW_RATIO, asm_decode_skewed
 from .choices import (
     DEFAULT_GPU,
     DEFAULT_PRESET,
@@ -59,6 +59,10 @@ PlanError = InputError
 #: One aliased table's device memory: a chunk of the GPU's allocation granularity
 #: (2 MiB on the H200 measured; ``benchmarks/scale_table_memory.py`` reads it on yours).
 ALIASED_CHUNK = 2 * 1024**2
+
+#: cudagraph modes under which no captured graph holds the attention: each step's
+#: decode kernel is decided on that step's lengths, the skew clause included.
+PER_STEP_MODES = ("PIECEWISE", "NONE")
 
 
 def default_capture_sizes(max_size: int = 512) -> list[int]:
@@ -109,6 +113,9 @@ class Plan:
     block_id_clause: str
     #: vLLM's cudagraph_mode the batch table is for.
     cudagraph_mode: str = "FULL_AND_PIECEWISE"
+    #: Whether each step's decode kernel is decided on its lengths (no captured graph
+    #: holds the attention: cudagraph_mode PIECEWISE or NONE).
+    decided_per_step: bool = False
     #: Decode requests from which a mixed prefill+decode step runs its decode part on asm
     #: (when the decodes lead and there is no speculative decoding); None when no layer
     #: is eligible or under cudagraph_mode FULL (mixed steps replay FULL graphs whole).
@@ -495,7 +502,10 @@ def checkpoint_scales(model_dir: Path, label: str, model_config, num_layers: int
     ones = [(1.0, 1.0)] * num_layers
     if label.startswith("preset "):
         return ones, "1.0 (a preset: config only, no checkpoint read)"
-    if checkpoint_format(model_dir) == "pytorch-bin":
+    weights = checkpoint_format(model_dir)
+    if weights == "none":
+        return ones, "1.0 (config only, no checkpoint read)"
+    if weights == "pytorch-bin":
         return ones, "1.0 assumed (a .bin checkpoint: scales not read)"
     try:
         found = read_kv_scales(model_dir)
@@ -642,8 +652,9 @@ def make_plan(
     model_time = original_time_model()
 
     def kernel(num_seqs: int) -> str:
-        """The kernel vLLM captures for this many sequences: the cut alone decides (a
-        graph replays for any lengths)."""
+        """The kernel vLLM captures for this many sequences (a graph replays it for any
+        lengths), or, where steps are decided on their lengths, the kernel of a step of
+        short contexts: the cut alone decides."""
         step = SimpleNamespace(
             max_query_len=1,
             num_reqs=num_seqs,
@@ -653,24 +664,40 @@ def make_plan(
         )
         return "asm" if any_eligible and use_asm_decode(step, heads, cut) else "hip"  # type: ignore[arg-type]
 
-    def worst(num_seqs: int) -> dict[str, float]:
-        """Both kernels' time on the step a graph of this size can meet at worst: one
-        request at max_model_len, the others at one token (the time model)."""
+    import torch
+
+    skew = settings.skew_override()
+    skew = ASM_SKEW_RATIO if skew is None else skew
+    per_step = cudagraph_mode in PER_STEP_MODES
+
+    def worst(num_seqs: int, captured: str) -> dict[str, Any]:
+        """Both kernels' time on the worst step of this size (one request at
+        max_model_len, the others at one token; the time model), and the kernel that
+        step runs: a captured graph's for any lengths, or where steps are decided on
+        their lengths, the skew clause's decision on that step."""
         contexts = [model_config.max_model_len] + [1] * (num_seqs - 1)
+        step = SimpleNamespace(
+            max_seq_len=contexts[0], seq_lens_cpu_upper_bound=torch.tensor(contexts)
+        )
+        skewed = per_step and asm_decode_skewed(step, num_seqs, kv_heads, skew)  # type: ignore[arg-type]
         return {
             "worst_asm_us": round(model_time.asm_us(contexts, kv_heads), 1),
             "worst_hip_us": round(model_time.hip_us(contexts, kv_heads), 1),
+            "worst_kernel": "hip" if skewed else captured,
         }
 
     sizes = default_capture_sizes()
     # FULL captures each graph from a batch whose max_query_len is its token count (a
-    # mixed-looking batch), so the captured decode is HIP; the other modes capture
-    # pure decodes as uniform decodes, or run attention outside the graph.
+    # mixed-looking batch), so the captured decode is HIP; FULL_AND_PIECEWISE and
+    # FULL_DECODE_ONLY capture pure decodes as uniform decodes; PIECEWISE and NONE run
+    # attention outside any graph, so each step is decided on its lengths.
     full = cudagraph_mode == "FULL"
-    batches = [
-        {"num_seqs": n, "query_heads": n * heads, "kernel": "hip" if full else kernel(n)} | worst(n)
-        for n in sizes
-    ]
+    batches = []
+    for n in sizes:
+        captured = "hip" if full else kernel(n)
+        batches.append(
+            {"num_seqs": n, "query_heads": n * heads, "kernel": captured} | worst(n, captured)
+        )
     if full and any_eligible:
         notes.append(
             "cudagraph_mode FULL captures every graph as a mixed batch: the captured "
@@ -695,8 +722,6 @@ def make_plan(
     tables, table_bytes_per_block = table_count(
         layers, eligible, scales, layers_load_kv_scales(model_config, label)
     )
-    skew = settings.skew_override()
-    skew = ASM_SKEW_RATIO if skew is None else skew
     return Plan(
         model=label,
         gpu=the_gpu.name,
@@ -741,6 +766,7 @@ def make_plan(
         ),
         skew_ratio=skew,
         cudagraph_mode=cudagraph_mode,
+        decided_per_step=per_step,
         notes=notes,
     )
 
@@ -772,8 +798,13 @@ def render(plan: Plan) -> str:
         "skew       "
         + (
             f"a step whose longest context x {plan.skew_ratio} passes its head-tokens "
-            f"(contexts x KV heads) + {ASM_SKEW_HEAD_TOKENS} keeps HIP; captured graphs "
-            "hold their kernel for any lengths (worst case below)"
+            f"(contexts x KV heads) + {ASM_SKEW_HEAD_TOKENS} keeps HIP; "
+            + (
+                f"no graph holds the attention (cudagraph_mode {plan.cudagraph_mode}): each "
+                "step is decided on its lengths (worst case below)"
+                if plan.decided_per_step
+                else "captured graphs hold their kernel for any lengths (worst case below)"
+            )
             if plan.skew_ratio
             else f"off ({settings.SKEW_ENV}=0)"
         ),
@@ -810,16 +841,20 @@ def render(plan: Plan) -> str:
             what = "asm" if g.eligible else "HIP: " + "; ".join(g.reasons)
             lines.append(f"  layers {_ranges(g.layers)}: {what}")
     lines += [f"note: {n}" for n in plan.notes]
+    mode = plan.cudagraph_mode
     lines += [
         "",
-        f"decode kernel at vLLM's CUDA-graph batch sizes (cudagraph_mode {plan.cudagraph_mode});",
+        f"decode kernel at vLLM's CUDA-graph batch sizes, for short contexts (cudagraph_mode "
+        f"{mode}: no graph holds the attention; each step is decided on its lengths);"
+        if plan.decided_per_step
+        else f"decode kernel at vLLM's CUDA-graph batch sizes (cudagraph_mode {mode});",
         f"worst case: one request at max_model_len {plan.max_model_len}, the others at one "
-        "token, µs per layer (time model fitted to MI355X):",
-        "  seqs  query heads  kernel  worst asm  worst HIP",
+        "token, µs per layer (time model fitted to MI355X), and the kernel it runs:",
+        "  seqs  query heads  kernel  worst asm  worst HIP  worst runs",
     ]
     lines += [
         f"  {b['num_seqs']:>4}  {b['query_heads']:>11}  {b['kernel']:<6}  "
-        f"{b['worst_asm_us']:>9.1f}  {b['worst_hip_us']:>9.1f}"
+        f"{b['worst_asm_us']:>9.1f}  {b['worst_hip_us']:>9.1f}  {b['worst_kernel']}"
         for b in plan.batches
     ]
     return "\n".join(lines)
