@@ -1744,6 +1744,29 @@ def test_result_paths_a_run_would_lose_are_refused_before_it(
     assert not (tmp_path / "gone").exists() and not (tmp_path / "rd").exists()
 
 
+@pytest.mark.parametrize(
+    ("dataset", "says"),
+    [
+        ("sharegpt", "is a directory"),
+        ("random", "is read only with --dataset sharegpt (the random dataset has no file)"),
+    ],
+)
+@pytest.mark.parametrize("result_dir", [[], ["--json", "summary.json"]], ids=["default", "json"])
+def test_a_dataset_path_that_is_a_directory_is_said_before_the_results_inside_it(
+    tmp_path, monkeypatch, capsys, dataset, says, result_dir
+):
+    """Run from a directory under the --dataset-path given: the default --result-dir (and
+    --json) is in it, but the mistake is the directory, said as for any other one."""
+    (tmp_path / "here").mkdir()
+    monkeypatch.chdir(tmp_path / "here")
+    argv = [*SERVE, "--dataset", dataset, "--dataset-path", str(tmp_path), *result_dir]
+    assert run(argv) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"vllm-rocm-asm-decode bench serve: error: --dataset-path {tmp_path} {says}"
+    ]
+    assert os.listdir(tmp_path / "here") == []  # no --result-dir made
+
+
 def test_a_result_file_in_the_result_dir_the_run_makes_is_writable(tmp_path, monkeypatch):
     """bench serve makes --result-dir first: a file straight in it is writable, one in a
     directory under it that nothing makes is not; a link to a writable place is."""

@@ -144,6 +144,21 @@ def test_quick_run_killed_and_resumed_writes_a_complete_report(resumed):
     assert "No AMD GPU has run this command" in report
 
 
+def test_the_report_names_the_vllm_and_lm_eval_that_ran_and_their_versions(resumed):
+    """--vllm's version is what it answers to --version, lm_eval's what its results files
+    say; neither is this Python's (its vLLM is 0.33.0, its lm_eval none)."""
+    report = (resumed["out"] / "report.md").read_text()
+    assert f"| vLLM (servers) | 0.33.0+standin ({BIN / 'vllm'}) |" in report
+    assert "| vLLM (doctor) | 0.33.0 |" in report  # what the stand-in doctor imported
+    assert f"| lm_eval | 0.4.9.1+standin ({BIN / 'lm_eval'}) |" in report
+    assert "not installed" not in report
+    first, second = json.loads((resumed["out"] / "report.json").read_text())["environments"]
+    for env in (first, second):
+        assert env["vllm_executable"] == str(BIN / "vllm")
+        assert env["vllm_executable_version"] == "0.33.0+standin"
+        assert env["lm_eval_executable"] == str(BIN / "lm_eval")
+
+
 def test_the_resumed_run_skips_the_finished_steps(resumed):
     before, after = resumed["calls_before"], resumed["calls_after"]
     assert before[:2] == ["doctor --json", before[1]] and "--skew" not in before[1]

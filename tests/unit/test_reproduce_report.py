@@ -278,6 +278,16 @@ def test_an_input_error_is_one_line_and_exit_2(args, says, capsys, tmp_path):
     assert not (tmp_path / "out").exists()  # nothing written
 
 
+def test_a_dataset_that_is_a_directory_is_said_so_with_out_inside_it(capsys, tmp_path):
+    """As bench serve says it: the directory, not where --out lies."""
+    out = tmp_path / "out"
+    code = cli.main(["reproduce", "--out", str(out), *M, "--dataset", str(tmp_path), *_stand_ins()])
+    assert code == 2 and not out.exists()
+    assert capsys.readouterr().err == (
+        f"vllm-rocm-asm-decode reproduce: error: --dataset {tmp_path} is a directory\n"
+    )
+
+
 def test_a_switch_value_doctor_would_refuse_is_refused_before_the_run(
     capsys, tmp_path, monkeypatch
 ):
@@ -418,3 +428,85 @@ def test_records_this_command_did_not_write_count_as_not_finished(tmp_path):
     assert command._readable(settings, steps, "kernel-table", odd) is None
     assert [e["invocation"] for e in store.environments()] == [1]
     assert store.begin({}) == 2
+
+
+def _script(path: Path, body: str) -> str:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"#!{sys.executable}\nimport sys\n{body}\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+def _gsm8k_result(tmp_path: Path, extra: dict) -> dict:
+    """What the GSM8K runner keeps from an lm_eval results file with ``extra`` in it."""
+    from vllm_rocm_asm_decode.tools.reproduce import gsm8k
+
+    out = tmp_path / "gsm8k" / "m"
+    out.mkdir(parents=True)
+    scores = {"exact_match,flexible-extract": 0.83, "exact_match,strict-match": 0.82}
+    (out / "results_1.json").write_text(json.dumps({"results": {"gsm8k": scores}} | extra))
+    return gsm8k.parse(tmp_path / "gsm8k")
+
+
+def _tool_rows(env: dict, gsm8k_result: dict | None) -> dict[str, str]:
+    records = {}
+    if gsm8k_result is not None:
+        result = {"arm": "plugin-off", "eager": False, "gsm8k": gsm8k_result}
+        records["accuracy-plugin-off"] = _record("accuracy-plugin-off", result=result)
+    run = _run(records)
+    run.environments = [env]
+    rows = [line[2:-2].split(" | ") for line in report.environment_lines(run)[2:]]
+    return {row[0]: row[1] for row in rows if len(row) == 2}
+
+
+#: What vLLM's command line may print on stdout before its version: its log lines.
+VLLM_VERSION = (
+    "print('INFO 12-06 10:00:00 [__init__.py:216] Automatically detected platform rocm.')"
+)
+
+
+def test_the_tool_versions_are_those_of_the_executables_that_ran(tmp_path):
+    """--vllm's version is what it answers to --version (past its log lines), not this
+    Python's vLLM; lm_eval's is what its results file says it was, not 'not installed'."""
+    from vllm_rocm_asm_decode.tools.reproduce import environment
+
+    vllm = _script(
+        tmp_path / "bin" / "vllm",
+        f"{VLLM_VERSION}\nprint('0.34.1+rocm700') if sys.argv[1:] == ['--version'] else exit(3)",
+    )
+    lm_eval = _script(tmp_path / "bin" / "lm_eval", "exit('never asked')")
+    env = environment.record("m", 1, ["reproduce"], vllm=vllm, lm_eval=lm_eval)
+    assert env["vllm_executable"] == vllm and env["vllm_executable_version"] == "0.34.1+rocm700"
+    assert env["lm_eval_executable"] == lm_eval
+    result = _gsm8k_result(tmp_path, {"lm_eval_version": "0.4.9.1"})
+    assert result["lm_eval_version"] == "0.4.9.1"
+    rows = _tool_rows(env, result | {"lm_eval": lm_eval})
+    assert rows["vLLM (servers)"] == f"0.34.1+rocm700 ({vllm})"
+    assert rows["lm_eval"] == f"0.4.9.1 ({lm_eval})"
+    assert rows["vLLM (doctor)"] == "unknown (doctor not run)"  # not this Python's vLLM
+
+
+def test_a_tool_version_not_learned_from_the_tool_is_unknown_with_its_path(tmp_path):
+    """A vllm whose --version fails or prints no version, and an lm_eval whose results
+    file names none (an older lm_eval) or only its failure to look itself up: each is
+    'unknown (PATH)', never this Python's version nor 'not installed'."""
+    from vllm_rocm_asm_decode.tools.reproduce import environment
+
+    vllm = _script(tmp_path / "bin" / "vllm", f"{VLLM_VERSION}\nexit(1)")
+    lm_eval = _script(tmp_path / "bin" / "lm_eval", "exit(2)")
+    env = environment.record("m", 1, ["reproduce"], vllm=vllm, lm_eval=lm_eval)
+    assert env["vllm_executable_version"] is None
+    rows = _tool_rows(env, None)
+    assert (
+        rows["vLLM (servers)"] == f"unknown ({vllm})" and rows["lm_eval"] == f"unknown ({lm_eval})"
+    )
+    wordy = _script(tmp_path / "bin2" / "vllm", "print('vLLM, the fast one')")
+    assert (
+        environment.record("m", 1, [], vllm=wordy, lm_eval=lm_eval)["vllm_executable_version"]
+        is None
+    )
+    failed = "No package metadata was found for lm_eval"
+    for extra in ({}, {"lm_eval_version": failed}):
+        result = _gsm8k_result(tmp_path / str(len(extra)), extra)
+        assert result["lm_eval_version"] is None
+        assert _tool_rows(env, result | {"lm_eval": lm_eval})["lm_eval"] == f"unknown ({lm_eval})"

@@ -656,6 +656,8 @@ def _bench_serve(args: argparse.Namespace) -> int:
     problem, inputs = None, _serve_inputs(args)
     if why := choices.not_executable(args.vllm, "is vLLM installed and on PATH?"):
         problem = f"--vllm {args.vllm}: {why}"
+    elif why := sb.dataset_problem(args.dataset, args.dataset_path):
+        problem = why  # before the result paths, which may lie in a directory given as it
     elif why := choices.uncreatable_dir(args.result_dir):
         problem = f"--result-dir {args.result_dir} {why}"
     elif read := _inside_an_input(args.result_dir, inputs):

@@ -27,12 +27,13 @@ accurate?"):
 Each step writes its result into --out DIR as it finishes; running the same command
 again skips the steps that finished and retries those that failed (--redo STEP runs a
 finished one again). A failed step is reported as failed, never dropped. The
-environment of each invocation (GPU, ROCm, vLLM, AITER, model, settings, git revision)
-is recorded beside the results. At the end, and after Ctrl-C, DIR holds report.md and
-report.json: the original's tables in the original's format with this run's figures
-beside them, the relative change, whether each claim holds within the original's
-run-to-run spread (computed from the original's figures, kept as data with their
-source), plots, and what was not run and why.
+environment of each invocation (GPU, ROCm, the --vllm executable and what it answers
+to --version, the --lm-eval executable (its version is what its GSM8K results name),
+AITER, model, settings, git revision) is recorded beside the results. At the end, and
+after Ctrl-C, DIR holds report.md and report.json: the original's tables in the
+original's format with this run's figures beside them, the relative change, whether
+each claim holds within the original's run-to-run spread (computed from the original's
+figures, kept as data with their source), plots, and what was not run and why.
 
 Progress goes to stderr: a line with the current step and an ETA, and one line per
 finished step. Ctrl-C stops the running server's process group and keeps what

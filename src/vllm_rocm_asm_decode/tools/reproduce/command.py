@@ -96,7 +96,11 @@ def main(args: argparse.Namespace) -> int:
         for group in args.redo:
             for name in group:
                 store.forget(name)
-        invocation = store.begin(environment.record(settings.model, settings.tp, sys.argv))
+        invocation = store.begin(
+            environment.record(
+                settings.model, settings.tp, sys.argv, vllm=args.vllm, lm_eval=args.lm_eval
+            )
+        )
     except OSError as exc:
         print(f"{PROG}: error: --out {args.out}: {exc.strerror or exc}", file=sys.stderr)
         return 2

@@ -1,11 +1,14 @@
 """The environment a reproduction ran in, recorded at each invocation without importing
-torch or vLLM (``doctor``'s step adds what only an import can tell: the vLLM Python
-imports, AITER's build, the GPU's architecture and compute units)."""
+torch or vLLM here: the ``--vllm`` executable's version is what it answers to
+``--version`` (``lm_eval``'s is in its results files, :mod:`.gsm8k`); ``doctor``'s step
+adds what only an import can tell: the vLLM Python imports, AITER's build, the GPU's
+architecture and compute units."""
 
 from __future__ import annotations
 
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -31,15 +34,43 @@ def _version(distribution: str) -> str | None:
         return None
 
 
-def _run(cmd: list[str], cwd: Path | None = None) -> str | None:
+def _run(cmd: list[str], cwd: Path | None = None, timeout: float = 10) -> str | None:
     """stdout of a short command, or None when it is missing, fails or hangs."""
     if shutil.which(cmd[0]) is None:
         return None
     try:
-        proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=10, check=False)
+        proc = subprocess.run(
+            cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     return proc.stdout if proc.returncode == 0 else None
+
+
+#: A version as tools print one: 0.33.0, 0.33.1.dev4+g1234abc, 0.33.0+rocm722, v0.4.9.
+VERSION = re.compile(r"v?\d+(\.\d+)+[0-9A-Za-z.+-]*")
+#: How long ``vllm --version`` may take: vLLM's command line imports its modules (and
+#: torch) before it reads its arguments: seconds, more on a cold file cache.
+VERSION_SECONDS = 120.0
+
+
+def is_version(text: object) -> bool:
+    return isinstance(text, str) and len(text) <= 64 and VERSION.fullmatch(text) is not None
+
+
+def executable_path(executable: str) -> str:
+    """``executable`` as the run finds it: its path on PATH, or as given."""
+    return os.path.abspath(shutil.which(executable) or executable)
+
+
+def executable_version(executable: str) -> str | None:
+    """What ``executable --version`` answers (its last line of stdout, after any log
+    lines), when that is a version; None when it fails, hangs or answers no version.
+    vLLM's command line answers so; lm_eval's has no --version (its results file says
+    its version: :func:`gsm8k.parse`)."""
+    out = _run([executable, "--version"], timeout=VERSION_SECONDS) or ""
+    lines = [line.strip() for line in out.splitlines() if line.strip()]
+    return lines[-1] if lines and is_version(lines[-1]) else None
 
 
 def git_revision() -> str | None:
@@ -85,7 +116,12 @@ def settings() -> dict[str, str]:
     }
 
 
-def record(model: str, tp: int, argv: list[str]) -> dict[str, Any]:
+def record(
+    model: str, tp: int, argv: list[str], vllm: str = "vllm", lm_eval: str = "lm_eval"
+) -> dict[str, Any]:
+    """This invocation's environment. ``vllm`` and ``lm_eval``: the executables its
+    servers and GSM8K run (``--vllm``, ``--lm-eval``); ``vllm``, ``aiter``, ``torch``:
+    this Python's packages, which the doctor and kernel steps import by default."""
     return {
         "recorded": now(),
         "command": argv,
@@ -96,7 +132,9 @@ def record(model: str, tp: int, argv: list[str]) -> dict[str, Any]:
         "vllm": _version("vllm"),
         "aiter": _version("amd-aiter"),
         "torch": _version("torch"),
-        "lm_eval": _version("lm_eval") or _version("lm-eval"),
+        "vllm_executable": executable_path(vllm),
+        "vllm_executable_version": executable_version(vllm),
+        "lm_eval_executable": executable_path(lm_eval),
         "plugin": _version("vllm-rocm-asm-decode"),
         "git_revision": git_revision(),
         "model": model,
@@ -107,7 +145,19 @@ def record(model: str, tp: int, argv: list[str]) -> dict[str, Any]:
 
 
 #: What a resumed run's environment may not change without the report saying so.
-COMPARED = ("gpus", "rocm", "vllm", "aiter", "torch", "plugin", "git_revision", "settings")
+COMPARED = (
+    "gpus",
+    "rocm",
+    "vllm",
+    "vllm_executable",
+    "vllm_executable_version",
+    "lm_eval_executable",
+    "aiter",
+    "torch",
+    "plugin",
+    "git_revision",
+    "settings",
+)
 
 
 def changes(environments: list[dict[str, Any]]) -> list[str]:

@@ -9,6 +9,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from . import environment
+
 QUESTIONS = 1319
 IN_FLIGHT = 64
 TASK = "gsm8k"
@@ -48,7 +50,9 @@ def command(lm_eval: str, model: str, base_url: str, output: Path) -> list[str]:
 
 
 def parse(output: Path) -> dict[str, Any]:
-    """The GSM8K scores of the newest lm_eval results file under ``output``."""
+    """The GSM8K scores of the newest lm_eval results file under ``output``, and the
+    version lm_eval wrote there of itself (``lm_eval_version``; None when the file names
+    none, as older lm_evals', or names lm_eval's failure to look itself up)."""
     found = sorted(output.rglob("results_*.json"), key=lambda p: p.stat().st_mtime)
     if not found:
         raise Gsm8kError(f"lm_eval wrote no results_*.json under {output}")
@@ -62,7 +66,14 @@ def parse(output: Path) -> dict[str, Any]:
         raise Gsm8kError(f"{path} has no GSM8K exact_match scores ({exc!r})") from None
     samples = (data.get("n-samples") or {}).get(TASK) or {}
     questions = samples.get("effective", samples.get("original"))
-    return {"flexible": flexible, "strict": strict, "questions": questions, "path": str(path)}
+    version = data.get("lm_eval_version")
+    return {
+        "flexible": flexible,
+        "strict": strict,
+        "questions": questions,
+        "path": str(path),
+        "lm_eval_version": version if environment.is_version(version) else None,
+    }
 
 
 def run(lm_eval: str, model: str, base_url: str, output: Path, log: Path) -> dict[str, Any]:
@@ -78,7 +89,7 @@ def run(lm_eval: str, model: str, base_url: str, output: Path, log: Path) -> dic
             raise Gsm8kError(f"cannot run {lm_eval}: {exc.strerror or exc}") from None
     if code != 0:
         raise Gsm8kError(f"lm_eval exited with {code} (log: {log})")
-    result = parse(output)
+    result = parse(output) | {"lm_eval": environment.executable_path(lm_eval)}
     if result["questions"] not in (None, QUESTIONS):
         raise Gsm8kError(f"lm_eval scored {result['questions']} questions, not GSM8K's {QUESTIONS}")
     return result

@@ -263,6 +263,35 @@ def step_lines(run: Run) -> list[str]:
     return lines
 
 
+def _executable_text(version: str | None, env: dict[str, Any], tool: str) -> str:
+    """``VERSION (PATH)`` of an executable the run ran, ``unknown (PATH)`` when the
+    version was not learned from it."""
+    path = env.get(f"{tool}_executable") or "not recorded"
+    return f"{version or 'unknown'} ({path})"
+
+
+def _doctor_vllm(run: Run) -> str:
+    """The vLLM the doctor step imported (and ``bench kernel`` imports), as it said."""
+    doctor = run.result("doctor")
+    if doctor is None:
+        return "unknown (doctor not run)"
+    if "vllm_version" not in doctor:
+        return "unknown (doctor gave no JSON)"
+    return doctor["vllm_version"] or "none (per doctor)"
+
+
+def _lm_eval_text(run: Run, env: dict[str, Any]) -> str:
+    """Each lm_eval that ran GSM8K, with the version its results file gave; the
+    ``--lm-eval`` executable, version unknown, before any did."""
+    ran: dict[str, None] = {}
+    for rec in run.records.values():
+        gsm8k = rec.result.get("gsm8k") if rec is not None else None
+        if isinstance(gsm8k, dict):
+            path = gsm8k.get("lm_eval") or env.get("lm_eval_executable") or "not recorded"
+            ran[f"{gsm8k.get('lm_eval_version') or 'unknown'} ({path})"] = None
+    return "; ".join(ran) or _executable_text(None, env, "lm_eval")
+
+
 def environment_lines(run: Run) -> list[str]:
     env = run.environments[-1] if run.environments else {}
     doctor = run.result("doctor") or {}
@@ -273,10 +302,11 @@ def environment_lines(run: Run) -> list[str]:
     rows = [
         ("GPU", gpu_text),
         ("ROCm", env.get("rocm") or "unknown"),
-        ("vLLM", doctor.get("vllm_version") or env.get("vllm") or "not installed"),
+        ("vLLM (servers)", _executable_text(env.get("vllm_executable_version"), env, "vllm")),
+        ("vLLM (doctor)", _doctor_vllm(run)),
         ("AITER", doctor.get("aiter_version") or env.get("aiter") or "not installed"),
         ("torch", env.get("torch") or "not installed"),
-        ("lm_eval", env.get("lm_eval") or "not installed"),
+        ("lm_eval", _lm_eval_text(run, env)),
         (
             "plugin",
             f"{env.get('plugin')}, git {env.get('git_revision') or 'unknown (not a checkout)'}",

@@ -158,6 +158,25 @@ def file_problem(path: Path) -> str | None:
     return None
 
 
+def dataset_problem(dataset: str, dataset_path: str | Path | None) -> str | None:
+    """Why ``--dataset`` and ``--dataset-path`` cannot make a run, in one line, judged on
+    what the path is (a ShareGPT file's text is :func:`sharegpt_problem`'s); None when
+    they can. ``bench serve`` says it before judging its result paths: a result directory
+    inside a --dataset-path that is a directory is not the mistake to name."""
+    if dataset not in DATASETS:
+        return f"--dataset {dataset!r}: use random or sharegpt"
+    if dataset == "sharegpt" and dataset_path is None:
+        return "--dataset sharegpt needs --dataset-path FILE, a ShareGPT JSON file"
+    if dataset != "sharegpt" and dataset_path is not None:
+        return (
+            f"--dataset-path {dataset_path} is read only with --dataset sharegpt "
+            f"(the {dataset} dataset has no file)"
+        )
+    if dataset_path is not None and (what := file_problem(Path(dataset_path))):
+        return f"--dataset-path {dataset_path} {what}"
+    return None
+
+
 @dataclass
 class ServeConfig:
     model: str
@@ -183,17 +202,8 @@ class ServeConfig:
     def __post_init__(self) -> None:
         if self.baseline not in ("plugin-off", "mha-off"):
             raise ValueError(f"--baseline {self.baseline!r}: use plugin-off or mha-off")
-        if self.dataset not in DATASETS:
-            raise ValueError(f"--dataset {self.dataset!r}: use random or sharegpt")
-        if self.dataset == "sharegpt" and self.dataset_path is None:
-            raise ValueError("--dataset sharegpt needs --dataset-path FILE, a ShareGPT JSON file")
-        if self.dataset == "sharegpt" and (what := file_problem(Path(self.dataset_path))):
-            raise ValueError(f"--dataset-path {self.dataset_path} {what}")
-        if self.dataset != "sharegpt" and self.dataset_path is not None:
-            raise ValueError(
-                f"--dataset-path {self.dataset_path} is read only with --dataset sharegpt "
-                f"(the {self.dataset} dataset has no file)"
-            )
+        if why := dataset_problem(self.dataset, self.dataset_path):
+            raise ValueError(why)
         if self.dataset == "sharegpt" and self.dataset_path is not None:
             why = sharegpt_problem(Path(self.dataset_path))
             if why:
