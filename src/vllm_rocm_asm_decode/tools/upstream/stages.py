@@ -188,14 +188,15 @@ _BUILDER_INIT = """\
         self._asm_filled: dict[torch.nn.Module, tuple[float, float]] = {}"""
 
 _STAGE_1_CAP = """\
-        keys = {key for both in self._asm_filled.values() for key in enumerate(both)}
+        n = len({key for both in self._asm_filled.values() for key in enumerate(both)})
         most = self.vllm_config.scheduler_config.max_num_seqs * self._asm_heads
-        few = most <= self._asm_cut  # no step can pass the cut: tables for nothing
-        why = f"(AITER {version}, need 0.1.17)" if old else f"({len(keys)} tables > 4)"
-        why = f"(max_num_seqs x heads = {most} <= {self._asm_cut})" if few else why
-        refused = self._asm_filled and (old or len(keys) > 4 or few)  # > 4: memory cap
-        why = why if refused else f"above {self._asm_cut} query heads"
-        self._asm_filled = {} if refused else self._asm_filled
+        why, bind = f"above {self._asm_cut} query heads", bool(self._asm_filled)
+        if bind and most <= self._asm_cut:  # no step can pass the cut: no tables
+            why, bind = f"(max_num_seqs x heads = {most} <= {self._asm_cut})", False
+        elif bind and (old or n > 4):  # a table a distinct K or V scale: a memory cap
+            why = f"(AITER {version}, need 0.1.17)" if old else f"({n} tables > 4)"
+            bind = False
+        self._asm_filled = self._asm_filled if bind else {}
 """
 
 _STAGE_1_TABLES = """\
@@ -623,8 +624,8 @@ def stage2_paged_decode(src: Source) -> None:
 _STAGE_3_BIND = (
     _STAGE_1_BIND.replace(_STAGE_1_TABLES_DECL, "")
     .replace(_STAGE_1_CAP, _STAGE_1_CAP.split("\n", 1)[1])  # no cap: no keys
-    .replace("(old or len(keys) > 4 or few)  # > 4: memory cap", "(old or few)")
-    .replace(' if old else f"({len(keys)} tables > 4)"', "")
+    .replace("(old or n > 4):  # a table a distinct K or V scale: a memory cap", "old:")
+    .replace(' if old else f"({n} tables > 4)"', "")
     .replace(
         _STAGE_1_TABLES,
         "            self._asm_scales[layer] = self._asm_tables.get(layer, shape)\n",
@@ -632,6 +633,7 @@ _STAGE_3_BIND = (
     .replace("for layer, both in self._asm_filled.items():", "for layer in self._asm_filled:")
 )
 assert all(t in _STAGE_1_BIND for t in (_STAGE_1_TABLES, _STAGE_1_TABLES_DECL, _STAGE_1_CAP))
+assert not re.search(r"\bn\b|tables > 4", _STAGE_3_BIND)  # every trace of the cap replaced
 
 _TABLES_INIT = """\
         # Per-slot scale tables for AITER's asm decode, released with this builder.
