@@ -249,6 +249,7 @@ def test_a_byte_order_mark_in_the_version_file_gets_the_same_line(tree, capsys):
     path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes())
     code, _, err = run(capsys, str(tree), "--check")
     assert code == 2 and f"{path} starts with a byte-order mark (U+FEFF)" in err, err
+    assert "remove it (delete the first character)" in err  # git does not track it
 
 
 def test_a_run_waits_for_another_on_the_same_tree_then_is_refused(tree, capsys, monkeypatch):
@@ -845,17 +846,48 @@ def test_check_names_a_file_that_cannot_be_replaced(tree, capsys):
     """An immutable file (chattr +i) in a directory that takes new files: rename(2) over
     it fails with EPERM, so --check says so in one line, as the run then fails."""
     path = tree / upstream.ROCM_ATTN
-    chattr = shutil.which("chattr")
-    if chattr is None or subprocess.run([chattr, "+i", path], capture_output=True).returncode:
-        pytest.skip("chattr +i needs root and a file system with inode flags")
+    _chattr("+i", path)
     try:
         checked = run(capsys, str(tree), "--check")
         written = run(capsys, str(tree))
     finally:
-        subprocess.run([chattr, "-i", path], check=True)
+        _chattr("-i", path)
     assert checked[:2] == (2, "") and checked[2].count("\n") == 1
     assert f"cannot write {path}: Operation not permitted; a real run would" in checked[2]
     assert written[0] == 2 and "Operation not permitted; no file was changed" in written[2]
+
+
+def _chattr(flag: str, path: Path) -> None:
+    chattr = shutil.which("chattr")
+    if chattr is None or subprocess.run([chattr, flag, path], capture_output=True).returncode:
+        pytest.skip(f"chattr {flag} needs root and a file system with inode flags")
+
+
+def test_check_judges_a_symlink_not_its_immutable_target(tree, capsys, tmp_path):
+    """A run replaces a symlinked file by a file of its own: the target's flags do not
+    stop it, so --check does not refuse them."""
+    target = tmp_path / "elsewhere.py"
+    (tree / upstream.ROCM_ATTN).rename(target)
+    (tree / upstream.ROCM_ATTN).symlink_to(target)
+    _chattr("+i", target)
+    try:
+        assert run(capsys, str(tree), "--check")[0] == 1
+        assert run(capsys, str(tree))[0] == 0
+    finally:
+        _chattr("-i", target)
+
+
+def test_check_on_an_append_only_directory_is_one_line(tree, capsys):
+    """In a chattr +a directory a run's rename fails (EPERM); --check's probe file can be
+    made there but not removed: one line that names it, no traceback."""
+    backends = (tree / upstream.ROCM_ATTN).parent
+    _chattr("+a", backends)
+    try:
+        code, out, err = run(capsys, str(tree), "--check")
+    finally:
+        _chattr("-a", backends)
+    assert code == 2 and out == "" and err.count("\n") == 1, err
+    assert "Operation not permitted (its probe " in err and "a real run would fail" in err
 
 
 def test_check_names_a_file_of_another_user_in_a_sticky_directory(tree, capsys, monkeypatch):
@@ -867,7 +899,11 @@ def test_check_names_a_file_of_another_user_in_a_sticky_directory(tree, capsys, 
     monkeypatch.setattr(os, "geteuid", lambda: owner + backends.stat().st_uid + 1)
     code, _, err = run(capsys, str(tree), "--check")
     assert code == 2 and "Operation not permitted; a real run would fail" in err, err
+    for uid in (owner, backends.stat().st_uid, 0):  # the file's, the directory's, root
+        monkeypatch.setattr(os, "geteuid", lambda uid=uid: uid)
+        assert run(capsys, str(tree), "--check")[0] == 1, uid  # would change
     backends.chmod(0o755)
+    monkeypatch.setattr(os, "geteuid", lambda: owner + backends.stat().st_uid + 1)
     assert run(capsys, str(tree), "--check")[0] == 1  # not sticky: would change
 
 
@@ -916,6 +952,23 @@ PARTS = {
         "carries part of stage 2: it lacks the edit of RocmAttentionMetadata ("
         "'asm_split: _AsmDecodeSplit | None = None' is not there) and has the rest",
     ),
+    "stage-1-metadata-keyword-deleted": (
+        1,
+        upstream.ROCM_ATTN,
+        _drop("            use_asm_decode=use_asm,\n"),
+        "carries part of stage 1: it lacks the edit of `use_asm_decode=use_asm` and has the rest",
+    ),
+    "stage-1-import-deleted": (
+        1,
+        upstream.ROCM_ATTN,
+        lambda path: path.write_text(
+            path.read_text().replace(
+                "from vllm.config import ModelConfig, VllmConfig\n",
+                "from vllm.config import VllmConfig\n",
+            )
+        ),
+        "carries part of stage 1: it lacks the edit of the import of ModelConfig and has the rest",
+    ),
     # A stock tree where one field of stage 1 was written by hand.
     "stage-1-field-by-hand": (
         0,
@@ -941,6 +994,21 @@ def test_a_tree_with_part_of_a_stage_is_refused_not_stacked(tree, capsys, case):
         assert err.startswith(f"vllm-rocm-asm-decode upstream: error: {tree / rel}: {message}"), err
         assert f"copy {rel} from an unmodified vLLM 0.33.x" in err  # not a git tree
     assert snapshot(tree) == before
+
+
+def test_a_hand_edit_is_named_by_its_line_on_disk(tree, capsys):
+    """The run re-adds a deleted import in memory before it meets the edited line: the
+    line number is still the file's own."""
+    upstream.apply(tree)
+    path = tree / upstream.ROCM_ATTN
+    text = path.read_text()
+    text = text.replace("from packaging.version import InvalidVersion, Version\n", "")
+    old = "self._asm_cut = self._asm_heads = 0  # set when the layers are bound (build())"
+    new = "self._asm_cut = self._asm_heads = 0  # set later"
+    path.write_text(text.replace(old, new))
+    line = 1 + next(i for i, x in enumerate(path.read_text().splitlines()) if new in x)
+    code, _, err = run(capsys, str(tree), "--check")
+    assert code == 2 and f"(line {line} reads {new!r} where it writes {old!r})" in err, err
 
 
 def test_in_a_git_checkout_the_hint_is_gits_checkout(tree, capsys):

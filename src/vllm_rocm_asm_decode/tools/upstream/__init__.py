@@ -127,7 +127,7 @@ def _read_lf(path: Path) -> tuple[str, str]:
         raise UpstreamError(f"{path} is not UTF-8 text (byte {exc.start})") from None
     except OSError as exc:
         raise UpstreamError(f"cannot read {path}: {exc.strerror or exc}") from None
-    _refuse_a_byte_order_mark(path, raw)
+    _refuse_a_byte_order_mark(path, raw, "git checkout -- the file")
     if "\r" not in raw:
         return raw, raw
     if raw.count("\r\n") == raw.count("\r") == raw.count("\n"):
@@ -138,11 +138,11 @@ def _read_lf(path: Path) -> tuple[str, str]:
     )
 
 
-def _refuse_a_byte_order_mark(path: Path, text: str) -> None:
+def _refuse_a_byte_order_mark(path: Path, text: str, restore: str) -> None:
     if text.startswith("\ufeff"):
         raise UpstreamError(
             f"{path} starts with a byte-order mark (U+FEFF), which vLLM's files do not; "
-            "remove it (git checkout -- the file) and run again; nothing written"
+            f"remove it ({restore}) and run again; nothing written"
         )
 
 
@@ -179,7 +179,8 @@ def tree_version(root: Path) -> tuple[str, str]:
             f"cannot tell which vLLM {root} is: no vllm/_version.py and no v* git tag"
         )
     text = _read(version_file)
-    _refuse_a_byte_order_mark(version_file, text)
+    # Generated (setuptools-scm) and ignored by git: no checkout restores it.
+    _refuse_a_byte_order_mark(version_file, text, "delete the first character")
     found = re.search(
         r"^__version__\s*(?::\s*str\s*)?=\s*(?:version\s*=\s*)?['\"]([^'\"]+)['\"]",
         text,
@@ -351,10 +352,11 @@ def _refuse_part_of_a_stage(src: Source, stage: int, before: str) -> None:
     again = f"start from vLLM's own file ({src.restore}) and run again"
     if src.found and src.added:
         missing = ", ".join(dict.fromkeys(src.added))
-        where = src.departures[src.added[0]]
+        where = src.departures.get(src.added[0])  # an import or keyword names itself
         raise UpstreamError(
             f"{src.path}: carries part of stage {stage}: it lacks the edit of {missing} "
-            f"({where}) and has the rest; {again}"
+            + (f"({where}) " if where else "")
+            + f"and has the rest; {again}"
         )
     if src.added:
         old, new = _definitions(Source(src.path, before)), _definitions(src)
@@ -648,8 +650,11 @@ def _unwritable(path: Path) -> str | None:
     except OSError as exc:
         return str(exc.strerror or exc)
     os.close(fd)
-    os.unlink(name)
-    return _not_replaceable(path) if path.exists() else None
+    try:
+        os.unlink(name)
+    except OSError as exc:  # an append-only directory (chattr +a): a run's rename fails too
+        return f"{exc.strerror or exc} (its probe {name} could not be removed)"
+    return _not_replaceable(path) if os.path.lexists(path) else None
 
 
 #: ``FS_IOC_GETFLAGS`` (linux/fs.h), and its ``FS_IMMUTABLE_FL | FS_APPEND_FL``.
@@ -663,17 +668,18 @@ def _not_replaceable(path: Path) -> str | None:
     directory's, unless root. None when neither holds, or where Linux's flags cannot be
     read (the run then says what failed, with nothing changed)."""
     flags = bytearray(8)
-    try:
-        file, directory = path.stat(), path.parent.stat()
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:  # the name's own inode: a run replaces a symlink, never its target
+        file, directory = path.lstat(), path.parent.stat()
+        fd = None if stat.S_ISLNK(file.st_mode) else os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError:
         return None
-    try:
-        fcntl.ioctl(fd, _GETFLAGS, flags)
-    except OSError:  # a file system without such flags (tmpfs), or not Linux
-        pass
-    finally:
-        os.close(fd)
+    if fd is not None:
+        try:
+            fcntl.ioctl(fd, _GETFLAGS, flags)
+        except OSError:  # a file system without such flags (tmpfs), or not Linux
+            pass
+        finally:
+            os.close(fd)
     sticky = directory.st_mode & stat.S_ISVTX
     if int.from_bytes(flags[:4], sys.byteorder) & _IMMUTABLE_OR_APPEND or (
         sticky and os.geteuid() not in (0, file.st_uid, directory.st_uid)

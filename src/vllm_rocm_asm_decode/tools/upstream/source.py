@@ -118,12 +118,14 @@ class Source:
         else:
             self.restore = f"git -C {root} checkout -- {path}"
         self.text = text
+        #: The file as it is on disk (LF): where refusals count its lines.
+        self.original = text
         self._parsed: tuple[str, ast.Module] | None = None
         #: What the edits since :meth:`begin` found in place and what they added, by
         #: where it goes: a file that has some of a stage and lacks the rest is refused.
         self.found: list[str] = []
         self.added: list[str] = []
-        #: Where the file departed from each added edit before it was added.
+        #: Where the file on disk departs from each block :meth:`carries` added.
         self.departures: dict[str, str] = {}
 
     def begin(self) -> None:
@@ -167,10 +169,10 @@ class Source:
         if marker in scope_text:
             raise UpstreamError(
                 f"{self.path}: another version of this change is in {where} "
-                f"({departure(block, self.text)}); start from vLLM's own file ({self.restore})"
+                f"({departure(block, self.original)}); start from vLLM's own file ({self.restore})"
             )
         self.added.append(where)
-        self.departures.setdefault(where, departure(block, self.text))
+        self.departures.setdefault(where, departure(block, self.original))
         return False
 
     def moved(self, anchor: str) -> UpstreamError:
