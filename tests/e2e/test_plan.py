@@ -657,6 +657,15 @@ def table_rows(text: str) -> dict[int, list[str]]:
     return {int(row[0]): row[1:] for row in rows}
 
 
+#: The batch table's header where each step is decided on its lengths.
+PER_STEP_HEADERS = {
+    "PIECEWISE": "decode kernel at vLLM's capture sizes, for short contexts (cudagraph_mode "
+    "PIECEWISE: no graph holds the attention; each step is decided on its lengths);",
+    "NONE": "decode kernel at these batch sizes, for short contexts (cudagraph_mode NONE: no "
+    "graph holds the attention; each step is decided on its lengths);",
+}
+
+
 @pytest.mark.parametrize("mode", ["PIECEWISE", "NONE"])
 def test_without_full_decode_graphs_the_skew_clause_decides_the_worst_case(
     mode, monkeypatch, capsys
@@ -674,10 +683,8 @@ def test_without_full_decode_graphs_the_skew_clause_decides_the_worst_case(
     assert "captured graphs hold" not in text
     skew = next(line for line in text.splitlines() if line.startswith("skew "))
     assert skew.endswith("each step is decided on its lengths (worst case below)"), skew
-    assert (
-        f"batch sizes, for short contexts (cudagraph_mode {mode}: no graph holds the "
-        "attention; each step is decided on its lengths);"
-    ) in text
+    assert PER_STEP_HEADERS[mode] in text.splitlines()
+    assert "CUDA-graph" not in text  # NONE has no graphs, PIECEWISE none of the attention
     rows = table_rows(text)
     assert rows[16][1] == "asm" and rows[16][-1] == "hip"  # kernel, worst runs
     assert {row[-1] for row in rows.values()} == {"hip"}
@@ -713,6 +720,39 @@ def test_the_worst_case_runs_what_holds_it(mode, env, worst_16, monkeypatch, cap
     assert table_rows(text)[16][-1] == worst_16
     if env is None:
         assert "captured graphs hold their kernel for any lengths (worst case below)" in text
+        header = f"decode kernel at vLLM's CUDA-graph batch sizes (cudagraph_mode {mode});"
+        assert header in text.splitlines()
+
+
+@pytest.mark.parametrize("mode", ["PIECEWISE", "NONE"])
+@pytest.mark.parametrize(
+    ("max_model_len", "worst"),
+    [
+        # 67 x 332 = 22244 does not pass 8 KV heads x (332 + 15) + 19500 = 22276 at 16
+        # sequences, nor more at more: the worst step runs the kernel column's.
+        pytest.param(332, {8: "hip", 16: "asm", 24: "asm", 512: "asm"}, id="not-skewed"),
+        # 67 x 333 = 22311 passes 8 x (333 + 15) + 19500 = 22284 at 16, not 8 x (333 +
+        # 23) + 19500 = 22348 at 24.
+        pytest.param(333, {8: "hip", 16: "hip", 24: "asm", 512: "asm"}, id="skewed-at-16"),
+    ],
+)
+def test_the_skew_clause_decides_the_worst_case_at_its_edge(
+    mode, max_model_len, worst, monkeypatch, capsys
+):
+    """Qwen3-14B on MI355X (8 KV heads, asm from 16 sequences of short contexts): at
+    max_model_len 332 the worst step is not skewed and runs asm; at 333 it is at 16
+    sequences only. Query heads (40) or the sequence count in the KV heads' place would
+    keep 333's worst step at 16 on asm."""
+    monkeypatch.delenv("VLLM_ROCM_ASM_DECODE_SKEW", raising=False)
+    plan = make_plan(
+        model="qwen3-14b-fp8", gpu="mi355x", cudagraph_mode=mode, max_model_len=max_model_len
+    )
+    batches = {b["num_seqs"]: b for b in plan.batches}
+    assert {n: batches[n]["worst_kernel"] for n in worst} == worst
+    argv = ["plan", "--gpu", "mi355x", "--cudagraph-mode", mode]
+    assert main([*argv, "--max-model-len", str(max_model_len)]) == 0
+    rows = table_rows(capsys.readouterr().out)
+    assert {n: rows[n][-1] for n in worst} == worst
 
 
 def test_a_config_only_directory_says_no_checkpoint_was_read(tmp_path, capsys):

@@ -270,3 +270,51 @@ def test_ctrl_c_stops_the_server_and_keeps_the_finished_steps(tmp_path, sig, cod
     assert not (out / "steps" / "serve-random.json").exists()
     report = (out / "report.md").read_text()
     assert f"| serve-random | not run | — | — | {said}: run the same command again" in report
+
+
+@pytest.mark.parametrize(
+    ("sig", "code", "said"),
+    [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated (SIGTERM)")],
+    ids=["ctrl-c", "sigterm"],
+)
+def test_ctrl_c_while_vllm_tells_its_version_writes_the_report_so_far(
+    resumed, tmp_path, sig, code, said
+):
+    """``vllm --version`` (vLLM imports torch first: up to two minutes) is said before it
+    runs; Ctrl-C or SIGTERM during it, after --redo dropped a step, writes the report so
+    far (that step not run, the others kept) and ends as anywhere else in the run."""
+    out, port = tmp_path / "out", free_port()
+    shutil.copytree(resumed["out"], out)
+    asked = tmp_path / "asked"
+    vllm = tmp_path / "bin" / "vllm"
+    vllm.parent.mkdir()
+    vllm.write_text(
+        f"#!{sys.executable}\nimport os, sys, time\n"
+        f"if sys.argv[1:] == ['--version']:\n    open({str(asked)!r}, 'w').close()\n"
+        f"    time.sleep(60)\nos.execv({str(BIN / 'vllm')!r}, sys.argv)\n"
+    )
+    vllm.chmod(0o755)
+    argv = command(out, port)
+    argv[argv.index("--vllm") + 1] = str(vllm)
+    proc = subprocess.Popen(
+        [*argv, "--redo", "doctor"],
+        env=environment(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_for(asked)
+        proc.send_signal(sig)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == code, stderr
+    lines = stderr.splitlines()
+    assert lines[0] == f"asking  {vllm} --version (the servers' vLLM, for the report; up to 2m00s)"
+    assert lines[-1].startswith(f"vllm-rocm-asm-decode reproduce: {said}; finished steps are kept")
+    assert "Traceback" not in stderr
+    assert not (out / "steps" / "doctor.json").exists()
+    report = (out / "report.md").read_text()
+    assert f"| doctor | not run | — | — | {said}: run the same command again" in report
+    assert "| kernel-table | ok |" in report

@@ -510,3 +510,53 @@ def test_a_tool_version_not_learned_from_the_tool_is_unknown_with_its_path(tmp_p
         result = _gsm8k_result(tmp_path / str(len(extra)), extra)
         assert result["lm_eval_version"] is None
         assert _tool_rows(env, result | {"lm_eval": lm_eval})["lm_eval"] == f"unknown ({lm_eval})"
+
+
+def _changes(environments: list[dict]) -> list[str]:
+    """The report's "environment changed" sentences for these invocations' records."""
+    run = _run({})
+    run.environments = environments
+    said = "\nThe environment changed between invocations: "
+    return [line.removeprefix(said) for line in report.environment_lines(run) if said in line]
+
+
+def test_a_resume_from_a_record_without_the_executables_keys_reports_no_change():
+    """A record written before the executables were recorded lacks their keys: resuming
+    from it is no change of them; a later real change is said, against the first
+    invocation that recorded the key."""
+    old = {"invocation": 1, "vllm": "0.33.0", "settings": {}}
+    new = old | {
+        "invocation": 2,
+        "vllm_executable": "/usr/bin/vllm",
+        "vllm_executable_version": "0.33.0",
+        "lm_eval_executable": "/usr/bin/lm_eval",
+    }
+    assert _changes([old, new]) == []
+    moved = new | {"invocation": 3, "vllm_executable": "/opt/vllm/bin/vllm"}
+    assert _changes([old, new, moved]) == [
+        "invocation 3: vllm_executable '/usr/bin/vllm' -> '/opt/vllm/bin/vllm'."
+    ]
+
+
+def test_a_vllm_version_not_learned_once_is_unknown_not_a_change():
+    """``vllm --version`` timed out (None) at one invocation and answered at others: no
+    change either way; two answers that differ are one."""
+    env = {"vllm_executable": "/usr/bin/vllm", "settings": {}}
+    timed_out = env | {"invocation": 1, "vllm_executable_version": None}
+    answered = env | {"invocation": 2, "vllm_executable_version": "0.33.0"}
+    again = env | {"invocation": 3, "vllm_executable_version": None}
+    assert _changes([timed_out, answered, again]) == []
+    newer = env | {"invocation": 4, "vllm_executable_version": "0.34.0"}
+    assert _changes([timed_out, answered, again, newer]) == [
+        "invocation 4: vllm_executable_version '0.33.0' -> '0.34.0'."
+    ]
+
+
+def test_a_version_is_in_ascii_digits_only(tmp_path):
+    """'٠.٣٣' (Arabic-Indic digits) is no version, from ``--version`` or elsewhere."""
+    from vllm_rocm_asm_decode.tools.reproduce import environment
+
+    arabic = "\u0660.\u0663\u0663"
+    assert environment.is_version("0.33") and not environment.is_version(arabic)
+    vllm = _script(tmp_path / "bin" / "vllm", f"print({arabic!r})")
+    assert environment.executable_version(vllm) is None

@@ -842,10 +842,12 @@ def render(plan: Plan) -> str:
             lines.append(f"  layers {_ranges(g.layers)}: {what}")
     lines += [f"note: {n}" for n in plan.notes]
     mode = plan.cudagraph_mode
+    # NONE captures no graph; PIECEWISE's graphs leave the attention out.
+    sizes = "these batch sizes" if mode == "NONE" else "vLLM's capture sizes"
     lines += [
         "",
-        f"decode kernel at vLLM's CUDA-graph batch sizes, for short contexts (cudagraph_mode "
-        f"{mode}: no graph holds the attention; each step is decided on its lengths);"
+        f"decode kernel at {sizes}, for short contexts (cudagraph_mode {mode}: no graph "
+        "holds the attention; each step is decided on its lengths);"
         if plan.decided_per_step
         else f"decode kernel at vLLM's CUDA-graph batch sizes (cudagraph_mode {mode});",
         f"worst case: one request at max_model_len {plan.max_model_len}, the others at one "

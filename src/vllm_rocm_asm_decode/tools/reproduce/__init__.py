@@ -35,8 +35,9 @@ original's format with this run's figures beside them, the relative change, whet
 each claim holds within the original's run-to-run spread (computed from the original's
 figures, kept as data with their source), plots, and what was not run and why.
 
-Progress goes to stderr: a line with the current step and an ETA, and one line per
-finished step. Ctrl-C stops the running server's process group and keeps what
-finished; the same command resumes. Exit status: 0 every step passed, 1 a step failed
-(or doctor stopped the run), 2 an input error, 130 interrupted.
+Progress goes to stderr: a line as --vllm is asked its --version (up to two minutes),
+a line with the current step and an ETA, and one line per finished step. Ctrl-C stops
+the running server's process group and keeps what finished; the same command resumes.
+Exit status: 0 every step passed, 1 a step failed (or doctor stopped the run), 2 an
+input error, 130 interrupted.
 """

@@ -14,7 +14,7 @@ from .. import original
 from ..choices import first_line
 from ..stopping import stopped_by
 from . import environment, options, report, runners
-from .progress import Progress
+from .progress import Progress, duration
 from .state import FAILED, OK, StepRecord, Store
 from .steps import Settings, Step, plan
 
@@ -96,20 +96,27 @@ def main(args: argparse.Namespace) -> int:
         for group in args.redo:
             for name in group:
                 store.forget(name)
-        invocation = store.begin(
-            environment.record(
-                settings.model, settings.tp, sys.argv, vllm=args.vllm, lm_eval=args.lm_eval
-            )
-        )
     except OSError as exc:
-        print(f"{PROG}: error: --out {args.out}: {exc.strerror or exc}", file=sys.stderr)
-        return 2
+        return _out_error(args.out, exc)
     records = {s.name: _readable(settings, steps, s.name, store.record(s.name)) for s in steps}
     done = {n for n, r in records.items() if r is not None and r.ok}
     progress = Progress(steps, done)
     stopped: str | None = None
     interrupted = ""  # what stopped the run: Ctrl-C or SIGTERM
     try:
+        # vllm --version imports vLLM first (up to VERSION_SECONDS): said, and inside
+        # this Ctrl-C handling, so that an interrupt there writes the report too.
+        progress.note(
+            f"asking  {environment.executable_path(args.vllm)} --version (the servers' "
+            f"vLLM, for the report; up to {duration(environment.VERSION_SECONDS)})"
+        )
+        env = environment.record(
+            settings.model, settings.tp, sys.argv, vllm=args.vllm, lm_eval=args.lm_eval
+        )
+        try:
+            invocation = store.begin(env)
+        except OSError as exc:
+            return _out_error(args.out, exc)
         for step in steps:
             rec = records[step.name]
             if rec is not None and rec.ok:
@@ -144,6 +151,11 @@ def main(args: argparse.Namespace) -> int:
     finally:
         progress.close()
     return _finish(store, settings, steps, records, stopped, interrupted)
+
+
+def _out_error(out: str, exc: OSError) -> int:
+    print(f"{PROG}: error: --out {out}: {exc.strerror or exc}", file=sys.stderr)
+    return 2
 
 
 #: What a step record that this command did not write can raise when it is reported.

@@ -47,8 +47,9 @@ def _run(cmd: list[str], cwd: Path | None = None, timeout: float = 10) -> str | 
     return proc.stdout if proc.returncode == 0 else None
 
 
-#: A version as tools print one: 0.33.0, 0.33.1.dev4+g1234abc, 0.33.0+rocm722, v0.4.9.
-VERSION = re.compile(r"v?\d+(\.\d+)+[0-9A-Za-z.+-]*")
+#: A version as tools print one: 0.33.0, 0.33.1.dev4+g1234abc, 0.33.0+rocm722, v0.4.9;
+#: ASCII digits only ('٠.٣٣' is none).
+VERSION = re.compile(r"v?\d+(\.\d+)+[0-9A-Za-z.+-]*", re.ASCII)
 #: How long ``vllm --version`` may take: vLLM's command line imports its modules (and
 #: torch) before it reads its arguments: seconds, more on a cold file cache.
 VERSION_SECONDS = 120.0
@@ -158,19 +159,24 @@ COMPARED = (
     "git_revision",
     "settings",
 )
+#: Keys whose None means "not learned" (``vllm --version`` failed or hung), not a value.
+UNKNOWN_WHEN_NONE = ("vllm_executable_version",)
 
 
 def changes(environments: list[dict[str, Any]]) -> list[str]:
-    """What differs between the first invocation and each later one, in words."""
-    if len(environments) < 2:
-        return []
-    first = environments[0]
+    """What differs, in words, between the first invocation that recorded a key and each
+    later one that did: a record written before the key existed, or a None of
+    :data:`UNKNOWN_WHEN_NONE`, says nothing of it."""
+    first: dict[str, Any] = {}
     said = []
-    for env in environments[1:]:
+    for env in environments:
         for key in COMPARED:
-            if env.get(key) != first.get(key):
+            if key not in env or (key in UNKNOWN_WHEN_NONE and env[key] is None):
+                continue
+            if key not in first:
+                first[key] = env[key]
+            elif env[key] != first[key]:
                 said.append(
-                    f"invocation {env.get('invocation')}: {key} {first.get(key)!r} -> "
-                    f"{env.get(key)!r}"
+                    f"invocation {env.get('invocation')}: {key} {first[key]!r} -> {env[key]!r}"
                 )
     return said

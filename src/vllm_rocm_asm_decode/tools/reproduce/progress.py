@@ -78,6 +78,11 @@ class Progress:
             else:
                 self._say(self.line())
 
+    def note(self, text: str) -> None:
+        """One line of what the run does outside its steps."""
+        with self._lock:
+            self._say(text)
+
     def skip(self, step: Step, record: StepRecord) -> None:
         self._say(
             f"done    {step.name} (invocation {record.invocation}; "
