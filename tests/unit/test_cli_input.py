@@ -1767,6 +1767,22 @@ def test_a_dataset_path_that_is_a_directory_is_said_before_the_results_inside_it
     assert os.listdir(tmp_path / "here") == []  # no --result-dir made
 
 
+@pytest.mark.parametrize("length", ["--input-len", "--output-len"])
+def test_sharegpt_refuses_the_random_datasets_lengths(tmp_path, capsys, monkeypatch, length):
+    """ShareGPT prompts keep their own lengths: a length given with them would be
+    ignored, so it is refused in one line, as --dataset-path is for the random dataset."""
+    monkeypatch.chdir(tmp_path)
+    data = tmp_path / "sg.json"
+    data.write_text('[{"conversations": [{"from": "human", "value": "hi"}]}]')
+    argv = [*SERVE, "--dataset", "sharegpt", "--dataset-path", str(data), length, "10"]
+    assert run(argv) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"vllm-rocm-asm-decode bench serve: error: {length} is for --dataset random "
+        "(sharegpt prompts keep their lengths)"
+    ]
+    assert os.listdir(tmp_path) == ["sg.json"]  # nothing made
+
+
 def test_a_result_file_in_the_result_dir_the_run_makes_is_writable(tmp_path, monkeypatch):
     """bench serve makes --result-dir first: a file straight in it is writable, one in a
     directory under it that nothing makes is not; a link to a writable place is."""

@@ -370,13 +370,13 @@ def _add_bench_serve(bench) -> None:
     p.add_argument(
         "--input-len",
         type=choices.positive_int,
-        default=1024,
+        default=None,
         help="random dataset: prompt tokens (default 1024)",
     )
     p.add_argument(
         "--output-len",
         type=choices.positive_int,
-        default=1024,
+        default=None,
         help="random dataset: output tokens, with --ignore-eos (default 1024)",
     )
     p.add_argument(
@@ -658,6 +658,9 @@ def _bench_serve(args: argparse.Namespace) -> int:
         problem = f"--vllm {args.vllm}: {why}"
     elif why := sb.dataset_problem(args.dataset, args.dataset_path):
         problem = why  # before the result paths, which may lie in a directory given as it
+    elif args.dataset != "random" and (args.input_len or args.output_len):
+        given = "--input-len" if args.input_len else "--output-len"
+        problem = f"{given} is for --dataset random ({args.dataset} prompts keep their lengths)"
     elif why := choices.uncreatable_dir(args.result_dir):
         problem = f"--result-dir {args.result_dir} {why}"
     elif read := _inside_an_input(args.result_dir, inputs):
@@ -682,7 +685,7 @@ def _bench_serve(args: argparse.Namespace) -> int:
             model=args.model, baseline=args.baseline,
             tensor_parallel_size=args.tensor_parallel_size, concurrencies=args.concurrency,
             num_prompts=args.num_prompts, repeats=args.repeats, host=args.host, port=args.port,
-            input_len=args.input_len, output_len=args.output_len,
+            input_len=args.input_len or sb.RANDOM_LEN, output_len=args.output_len or sb.RANDOM_LEN,
             max_model_len=args.max_model_len, gpu_memory_utilization=args.gpu_memory_utilization,
             result_dir=Path(args.result_dir), vllm=args.vllm, serve_args=args.serve_arg,
             health_timeout=args.health_timeout, dataset=args.dataset,

@@ -6,13 +6,15 @@ of the cut; ``asm/HIP`` < 1 means asm is faster. The asm path runs ``high_precis
 as shipped, or AITER's default precision with ``--precision default`` (the precision
 the original change's kernel timings used). Defaults reproduce that grid: heads 40/8
 and 32/8, contexts 1024 and 4096, 16/64/256 sequences (24/64/256 for 32/8).
-``--sweep`` walks the batch size up from 1 at the first layout and context and reports
+``--sweep`` walks the batch size up from 1 at one layout and one context (one
+``--heads`` and one ``--contexts`` value if given, else the first default) and reports
 where asm starts to win, next to the default cut, and the ``VLLM_ROCM_ASM_DECODE_CUT``
-that crossover suggests. ``--skew`` times one long sequence among many short ones (the
-first layout; ``--seqs`` short ones, 127 by default, at the first ``--contexts`` value,
-1024 by default; the long one from 2K to 128K tokens) beside the time model's figures,
-and reports where asm becomes the slower kernel and the ``VLLM_ROCM_ASM_DECODE_SKEW``
-that crossover suggests (``--plot``: µs against the long sequence's length). Needs a
+that crossover suggests. ``--skew`` times one long sequence among many short ones (one
+layout, as for ``--sweep``; ``--seqs`` short ones, 127 by default, at one ``--contexts``
+value, 1024 by default; the long one from 2K to 128K tokens) beside the time model's
+figures, and reports where asm becomes the slower kernel and the
+``VLLM_ROCM_ASM_DECODE_SKEW`` that crossover suggests (``--plot``: µs against the long
+sequence's length). Needs a
 gfx942/gfx950 GPU with AITER; elsewhere it exits 2.
 """
 

@@ -177,6 +177,10 @@ def dataset_problem(dataset: str, dataset_path: str | Path | None) -> str | None
     return None
 
 
+#: The random dataset's prompt and output tokens unless --input-len/--output-len say.
+RANDOM_LEN = 1024
+
+
 @dataclass
 class ServeConfig:
     model: str
@@ -187,8 +191,8 @@ class ServeConfig:
     repeats: int = 1
     host: str = "127.0.0.1"
     port: int = 8000
-    input_len: int = 1024
-    output_len: int = 1024
+    input_len: int = RANDOM_LEN
+    output_len: int = RANDOM_LEN
     max_model_len: int = 40960
     gpu_memory_utilization: float = 0.85
     result_dir: Path = Path("asm-decode-serve-results")
