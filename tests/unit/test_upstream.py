@@ -1034,8 +1034,37 @@ def test_a_file_of_the_users_where_a_new_file_goes_is_refused(tree, capsys, rel,
         code, out, err = run(capsys, *argv)
         assert code == 2 and out == "" and err.count("\n") == 1, err
         assert f"{tree / rel} is there already and is not the file stage " in err, err
+        assert "(line 1 reads '# my test' where it writes '# SPDX-License-Identifier" in err
         assert "move it aside" in err and "nothing written" in err
     assert snapshot(tree) == before
+
+
+def test_a_hand_edit_of_the_written_test_file_is_named_by_its_line(tree, capsys):
+    upstream.apply(tree)
+    path = tree / upstream.KERNEL_TEST
+    lines = path.read_text().splitlines(keepends=True)
+    n = next(i for i, line in enumerate(lines) if line == "import torch\n")
+    lines[n] = "# import torch\n"
+    path.write_text("".join(lines))
+    code, _, err = run(capsys, str(tree), "--check")
+    assert f"(line {n + 1} reads '# import torch' where it writes 'import torch')" in err
+    path.write_text("".join(lines[:n]))  # cut short there
+    code, _, err = run(capsys, str(tree), "--check")
+    assert code == 2 and f"(it ends at line {n}, where it writes on)" in err, err
+
+
+def test_the_git_checkout_hint_quotes_the_tree(tmp_path_factory, capsys):
+    """The hint is run as written: a tree whose path has a space and a quote gets it
+    quoted as a shell reads it."""
+    top = tmp_path_factory.mktemp("it's a tree")
+    tree = stock_tree(top / "vllm src")
+    subprocess.run(["git", "init", "-q", str(tree)], check=True)
+    upstream.apply(tree)
+    path = tree / upstream.ROCM_ATTN
+    path.write_text(path.read_text().replace("_ASM_MAX_GQA = 8", "_ASM_MAX_GQA = 9"))
+    code, _, err = run(capsys, str(tree))
+    hint = f"(git -C {shlex.quote(str(tree))} checkout -- {upstream.ROCM_ATTN})"
+    assert code == 2 and hint in err and "'\"'\"'" in hint, err
 
 
 def test_a_new_file_already_there_as_upstream_writes_it_is_left_alone(tree, capsys):

@@ -43,6 +43,7 @@ import contextlib
 import errno
 import fcntl
 import functools
+import itertools
 import os
 import re
 import shlex
@@ -338,11 +339,26 @@ def _plan(root: Path, stage: int) -> dict[Path, tuple[str | None, str]]:
         there, raw = _read_lf(path)
         if there != text:
             raise UpstreamError(
-                f"{path} is there already and is not the file stage {n} writes; move it "
-                "aside (a run writes its own) and run again; nothing written"
+                f"{path} is there already and is not the file stage {n} writes "
+                f"({_first_difference(text, there)}); move it aside (a run writes its own) and "
+                "run again; nothing written"
             )
         files[rel] = (raw, raw)
     return files
+
+
+def _first_difference(want: str, there: str) -> str:
+    """The first line where the file ``there`` is not ``want``, by number."""
+    pairs = itertools.zip_longest(want.splitlines(), there.splitlines(), fillvalue=None)
+    first = next(((n, p) for n, p in enumerate(pairs, 1) if p[0] != p[1]), None)
+    if first is None:  # the same lines: the end of the file differs
+        return "its last line's newline"
+    n, (wanted, found) = first
+    if found is None:
+        return f"it ends at line {n - 1}, where it writes on"
+    if wanted is None:
+        return f"line {n} reads {found!r}, past the end of what it writes"
+    return f"line {n} reads {found!r} where it writes {wanted!r}"
 
 
 def _refuse_part_of_a_stage(src: Source, stage: int, before: str) -> None:

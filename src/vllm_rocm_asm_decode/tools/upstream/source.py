@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import difflib
 import functools
+import shlex
 import sys
 from pathlib import Path
 
@@ -115,8 +116,8 @@ class Source:
             self.restore = f"copy {path} from an unmodified vLLM 0.33.x"
         elif root is None or root == Path("."):
             self.restore = f"git checkout -- {path}"
-        else:
-            self.restore = f"git -C {root} checkout -- {path}"
+        else:  # quoted: it is run as written
+            self.restore = f"git -C {shlex.quote(str(root))} checkout -- {path}"
         self.text = text
         #: The file as it is on disk (LF): where refusals count its lines.
         self.original = text
