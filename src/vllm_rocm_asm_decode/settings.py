@@ -27,6 +27,7 @@ them through this module, the same way.
 
 from __future__ import annotations
 
+import logging
 import os
 
 #: The plugin's name in ``vllm.general_plugins`` (what ``VLLM_PLUGINS`` lists).
@@ -140,6 +141,19 @@ def left_out_by_vllm_plugins() -> bool:
     load it)."""
     allowed = plugins_allow_list()
     return allowed is not None and ENTRY_POINT not in allowed
+
+
+def logging_level_problem() -> str | None:
+    """What is wrong with ``VLLM_LOGGING_LEVEL`` as vLLM reads it (upper-cased, nothing
+    stripped; its logging set-up refuses a name that is not a level); None when unset or
+    a level."""
+    raw = os.environ.get("VLLM_LOGGING_LEVEL")
+    if raw is None or isinstance(logging.getLevelName(raw.upper()), int):
+        return None
+    return (
+        f"VLLM_LOGGING_LEVEL={raw!r} is not a logging level (DEBUG, INFO, WARNING, "
+        "ERROR, CRITICAL)"
+    )
 
 
 def cut_source() -> str | None:

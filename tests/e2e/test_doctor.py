@@ -300,3 +300,99 @@ def test_the_switch_is_shown_as_written(aiter_version, monkeypatch, capsys):
     assert "  VLLM_ROCM_ASM_DECODE=False: the asm decode is off; nothing else changes" in out
     assert "inactive in this environment: VLLM_ROCM_ASM_DECODE=False" in out
     assert "VLLM_ROCM_ASM_DECODE=0" not in out
+
+
+@pytest.mark.parametrize(
+    ("plugins", "shown"),
+    [
+        ("foo", "VLLM_PLUGINS='foo'"),
+        (" rocm_asm_decode", "VLLM_PLUGINS=' rocm_asm_decode'"),
+        ("rocm_asm_decode ,foo", "VLLM_PLUGINS='rocm_asm_decode ,foo'"),
+        ("", "VLLM_PLUGINS=''"),
+    ],
+    ids=["other-plugin", "leading-space", "trailing-space", "empty"],
+)
+def test_an_allow_list_without_the_plugin_fails_the_plugin_check(
+    aiter_version, monkeypatch, capsys, plugins, shown
+):
+    """vLLM splits VLLM_PLUGINS at commas and strips nothing: a list that does not name
+    rocm_asm_decode exactly keeps the plugin unloaded, whatever else passes."""
+    aiter_version("0.1.20")
+    monkeypatch.setenv("VLLM_PLUGINS", plugins)
+    code, report = doctor_json(capsys)
+    assert code == 2
+    plugin = checks(report)["plugin"]
+    assert not plugin["ok"]
+    assert plugin["detail"] == (
+        f"inactive in this environment: {shown} does not name rocm_asm_decode (vLLM "
+        "splits it at commas and strips nothing), so vLLM does not load the plugin; add "
+        "rocm_asm_decode to the list or unset VLLM_PLUGINS"
+    )
+    assert main(["doctor"]) == 2
+    out = capsys.readouterr().out.splitlines()
+    (line,) = [ln for ln in out if ln.split()[1:2] == ["plugin"]]  # the check's line
+    assert line.split()[0] == "FAIL" and shown in line
+
+
+def test_an_allow_list_naming_the_plugin_passes_the_plugin_check(
+    aiter_version, monkeypatch, capsys
+):
+    aiter_version("0.1.20")
+    monkeypatch.setenv("VLLM_PLUGINS", "foo,rocm_asm_decode")
+    _, report = doctor_json(capsys)
+    plugin = checks(report)["plugin"]
+    assert plugin["ok"] and plugin["detail"] == "active: vLLM's ROCM_ATTN gets the asm decode"
+
+
+BAD_LEVEL = (
+    "VLLM_LOGGING_LEVEL='bogus' is not a logging level (DEBUG, INFO, WARNING, ERROR, CRITICAL)"
+)
+
+
+@pytest.mark.parametrize(
+    ("level", "says"),
+    [
+        ("bogus", BAD_LEVEL),
+        (" info", "VLLM_LOGGING_LEVEL=' info' is not a logging level"),  # vLLM strips nothing
+    ],
+    ids=["bogus", "leading-space"],
+)
+def test_a_bad_logging_level_is_a_failed_check(aiter_version, monkeypatch, level, says):
+    """vLLM's logging set-up (vllm serve's, each engine process's) refuses a name that
+    is not a level: doctor fails a check naming the variable."""
+    aiter_version("0.1.20")
+    monkeypatch.setenv("VLLM_LOGGING_LEVEL", level)
+    report = doctor.run()
+    check = {c.name: c for c in report.checks}["logging-level"]
+    assert not check.ok and check.detail.startswith(says)
+    assert report.exit_code == 2  # no GPU here: the self-test could not run
+    assert f"FAIL  logging-level        {says}" in doctor.render(report)
+
+
+def test_a_good_logging_level_passes(aiter_version, monkeypatch):
+    aiter_version("0.1.20")
+    monkeypatch.setenv("VLLM_LOGGING_LEVEL", "warning")
+    check = {c.name: c for c in doctor.environment().checks}["logging-level"]
+    assert check.ok and check.detail == "VLLM_LOGGING_LEVEL='warning': vLLM logs at WARNING"
+
+
+def test_a_bad_logging_level_fails_doctor_after_a_passed_self_test(
+    aiter_version, gpu_here, monkeypatch
+):
+    aiter_version("0.1.20")
+    monkeypatch.setenv("ASM_DECODE_TEST_AITER_SPAN", "right")  # as in the passing self-test
+    monkeypatch.setenv("VLLM_LOGGING_LEVEL", "bogus")
+    report = run_doctor()
+    assert report.self_test == "passed" and report.exit_code == 1
+
+
+def test_doctor_json_prints_its_object_with_a_bad_logging_level(aiter_version, monkeypatch, capsys):
+    aiter_version("0.1.20")
+    monkeypatch.setenv("VLLM_LOGGING_LEVEL", "bogus")
+    code, report = doctor_json(capsys)
+    assert code == 2
+    assert checks(report)["logging-level"] == {
+        "name": "logging-level",
+        "ok": False,
+        "detail": BAD_LEVEL,
+    }

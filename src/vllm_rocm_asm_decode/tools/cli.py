@@ -1077,15 +1077,13 @@ def _main(argv: list[str] | None) -> int:
     if name in HEAVY:
         # vLLM's and torch's start-up warnings would drown the answer (VLLM_LOGGING_LEVEL,
         # when set, wins for vLLM's).
-        level = os.environ.get("VLLM_LOGGING_LEVEL", "ERROR").strip().upper()  # vLLM's reading
-        if not isinstance(logging.getLevelName(level), int):
-            print(
-                f"{PROG} {name}: error: VLLM_LOGGING_LEVEL="
-                f"{os.environ['VLLM_LOGGING_LEVEL']!r} is not a logging level (DEBUG, INFO, "
-                "WARNING, ERROR, CRITICAL)",
-                file=sys.stderr,
-            )
+        from .. import settings
+
+        bad = settings.logging_level_problem()  # as vLLM reads it
+        if bad and args.command != "doctor":  # doctor reports it as a failed check
+            print(f"{PROG} {name}: error: {bad}", file=sys.stderr)
             return 2
+        level = "ERROR" if bad else os.environ.get("VLLM_LOGGING_LEVEL", "ERROR").upper()
         logging.getLogger("vllm").setLevel(level)
         logging.getLogger("torch").setLevel(logging.ERROR)
         # vLLM's import logs torch deprecations that would drown the answer.

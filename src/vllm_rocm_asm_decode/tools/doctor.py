@@ -4,7 +4,9 @@ It reports the environment the plugin will trust (the version and place of the v
 Python imports, AITER's version and
 whether it carries the KV block-id fix of 0.1.17, the GPU, AITER_ASM_DIR and the kernel
 table, the .co files of the rows the plugin would pick, the switches in effect and what
-each does, and how scale tables are made on this GPU) and checks each. On a
+each does (a VLLM_PLUGINS list vLLM would not load the plugin from fails the plugin
+check), whether vLLM takes VLLM_LOGGING_LEVEL, and how scale tables are made on this
+GPU) and checks each. On a
 gfx942/gfx950 GPU with AITER it then runs a self-test of a few seconds through the
 backend (real vLLM layers, KV cache and builder; about 9 GB of free GPU memory): asm
 against fp32 for bf16 and fp16 queries, high KV blocks (a pool past 4 GiB of pages),
@@ -229,6 +231,18 @@ def environment() -> Report:
         Check("settings", not bad, "; ".join(bad) or "every VLLM_ROCM_ASM_DECODE* value is valid")
     )
 
+    level = os.environ.get("VLLM_LOGGING_LEVEL")
+    level_problem = settings.logging_level_problem()  # vLLM's logging set-up refuses it
+    if level_problem is not None:
+        level_check = Check("logging-level", False, level_problem)
+    elif level is None:
+        level_check = Check("logging-level", True, "VLLM_LOGGING_LEVEL unset: vLLM logs at INFO")
+    else:
+        level_check = Check(
+            "logging-level", True, f"VLLM_LOGGING_LEVEL={level!r}: vLLM logs at {level.upper()}"
+        )
+    checks.append(level_check)
+
     vllm_version, vllm_path = _imported_vllm()
     distribution = _version("vllm")
     if vllm_version != distribution:  # another vLLM first on the path
@@ -263,6 +277,12 @@ def environment() -> Report:
         reason = str(exc)
     if reason == f"{settings.SWITCH_ENV}=0":  # as the user wrote it (False, FALSE, ...)
         reason = settings.switch_as_written()
+    if reason is None and settings.left_out_by_vllm_plugins():  # vLLM never calls register()
+        reason = (
+            f"VLLM_PLUGINS={os.environ['VLLM_PLUGINS']!r} does not name {ENTRY_POINT} (vLLM "
+            "splits it at commas and strips nothing), so vLLM does not load the plugin; add "
+            f"{ENTRY_POINT} to the list or unset VLLM_PLUGINS"
+        )
     checks.append(
         Check(
             "plugin",
