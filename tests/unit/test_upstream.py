@@ -1016,6 +1016,9 @@ def test_in_a_git_checkout_the_hint_is_gits_checkout(tree, capsys):
     upstream.apply(tree)
     path = tree / upstream.ROCM_ATTN
     path.write_text(path.read_text().replace("_ASM_MAX_GQA = 8", "_ASM_MAX_GQA = 9"))
+    code, _, err = run(capsys, str(tree))  # a file git does not track: git cannot restore it
+    assert code == 2 and f"(copy {upstream.ROCM_ATTN} from an unmodified vLLM 0.33.x)" in err
+    subprocess.run(["git", "-C", str(tree), "add", "--", str(upstream.ROCM_ATTN)], check=True)
     for argv in ((str(tree),), (str(tree), "--check")):  # --check judges the tree itself
         code, _, err = run(capsys, *argv)
         assert code == 2 and f"(git -C {tree} checkout -- {upstream.ROCM_ATTN})" in err, err
@@ -1059,6 +1062,7 @@ def test_the_git_checkout_hint_quotes_the_tree(tmp_path_factory, capsys):
     top = tmp_path_factory.mktemp("it's a tree")
     tree = stock_tree(top / "vllm src")
     subprocess.run(["git", "init", "-q", str(tree)], check=True)
+    subprocess.run(["git", "-C", str(tree), "add", "-A"], check=True)
     upstream.apply(tree)
     path = tree / upstream.ROCM_ATTN
     path.write_text(path.read_text().replace("_ASM_MAX_GQA = 8", "_ASM_MAX_GQA = 9"))

@@ -320,7 +320,9 @@ def _plan(root: Path, stage: int) -> dict[Path, tuple[str | None, str]]:
                 if not path.is_file():
                     raise UpstreamError(_not_a_tree(root, rel))
                 text, raw = _read_lf(path)
-                sources[rel] = (Source(rel, text, root, git), raw)
+                # git's checkout restores only a file git tracks (a fresh `git init`: none)
+                listed = _git(root, "ls-files", "--error-unmatch", "--", str(rel)) if git else None
+                sources[rel] = (Source(rel, text, root, listed is not None), raw)
             src = sources[rel][0]
             before = src.text
             src.begin()
