@@ -61,7 +61,7 @@ from pathlib import Path
 from types import FrameType, TracebackType
 
 from ..stopping import stopped_by
-from .source import SPDX, Source, UpstreamError
+from .source import SPDX, Source, UpstreamError, departure
 from .stages import (
     AITER_OPS,
     ATTENTION_CONFIG,
@@ -370,10 +370,10 @@ def _refuse_part_of_a_stage(src: Source, stage: int, before: str) -> None:
     again = f"start from vLLM's own file ({src.restore}) and run again"
     if src.found and src.added:
         missing = ", ".join(dict.fromkeys(src.added))
-        where = src.departures.get(src.added[0])  # an import or keyword names itself
+        block = src.added_blocks.get(src.added[0])  # an import or keyword names itself
         raise UpstreamError(
             f"{src.path}: carries part of stage {stage}: it lacks the edit of {missing} "
-            + (f"({where}) " if where else "")
+            + (f"({departure(block, src.original)}) " if block else "")
             + f"and has the rest; {again}"
         )
     if src.added:

@@ -126,12 +126,13 @@ class Source:
         #: where it goes: a file that has some of a stage and lacks the rest is refused.
         self.found: list[str] = []
         self.added: list[str] = []
-        #: Where the file on disk departs from each block :meth:`carries` added.
-        self.departures: dict[str, str] = {}
+        #: The block :meth:`carries` added, by where it goes: a refusal names where the
+        #: file on disk departs from it (:func:`departure`, computed only then).
+        self.added_blocks: dict[str, str] = {}
 
     def begin(self) -> None:
         """Start recording what one stage's edits find and add."""
-        self.found, self.added, self.departures = [], [], {}
+        self.found, self.added, self.added_blocks = [], [], {}
 
     @property
     def lines(self) -> list[str]:
@@ -173,7 +174,7 @@ class Source:
                 f"({departure(block, self.original)}); start from vLLM's own file ({self.restore})"
             )
         self.added.append(where)
-        self.departures.setdefault(where, departure(block, self.original))
+        self.added_blocks.setdefault(where, block)
         return False
 
     def moved(self, anchor: str) -> UpstreamError:
