@@ -131,6 +131,17 @@ def test_doctors_self_test_leaves_a_vllm_that_carries_the_change_alone(monkeypat
 
 
 @in_tree_only
+def test_plan_says_that_a_vllm_carrying_the_change_leaves_the_plugin_inactive():
+    from vllm_rocm_asm_decode.tools import plan
+
+    made = plan.make_plan(gpu="mi355x")
+    assert made.vllm_carries_asm_decode and made.to_json()["vllm_carries_asm_decode"]
+    note = "the installed vLLM carries the asm decode itself (vllm.v1.attention.backends"
+    assert made.notes[0].startswith(note) and "plugin stays inactive there" in made.notes[0]
+    assert f"note: {made.notes[0]}" in plan.render(made).splitlines()
+
+
+@in_tree_only
 @pytest.mark.parametrize("version", ["0.1.16.post5", "0.1.17rc1", "unknown", None], ids=str)
 def test_an_aiter_before_0_1_17_keeps_every_layer_on_hip(
     tmp_path, kernels, plugin_log, monkeypatch, version

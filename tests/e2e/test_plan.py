@@ -763,3 +763,30 @@ def test_a_config_only_directory_says_no_checkpoint_was_read(tmp_path, capsys):
     assert plan.kv_scales == "1.0 (config only, no checkpoint read)"
     assert main(["plan", "--model", model, "--gpu", "mi355x"]) == 0
     assert "; KV scales: 1.0 (config only, no checkpoint read)" in capsys.readouterr().out
+
+
+def test_a_vllm_that_carries_the_change_is_named_first_in_the_notes(monkeypatch, capsys):
+    """Stock vLLM: no such note. One whose rocm_attn.py defines stage 1's rule (read as
+    the plugin reads it, from the source): the plugin is inactive there, and plan says
+    whose plan it shows."""
+    from vllm_rocm_asm_decode import plugin
+
+    assert main(["plan", "--gpu", "mi355x", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["vllm_carries_asm_decode"] is False
+    assert not any("carries the asm decode" in note for note in out["notes"])
+    real = plugin.module_source
+
+    def patched(module):
+        text = real(module)
+        if module.endswith(".rocm_attn"):
+            text += "\n\ndef _asm_decode_rejections(impl):\n    return []\n"
+        return text
+
+    monkeypatch.setattr(plugin, "module_source", patched)
+    assert main(["plan", "--gpu", "mi355x"]) == 0
+    notes = [x for x in capsys.readouterr().out.splitlines() if x.startswith("note: ")]
+    assert notes[0].startswith(
+        "note: the installed vLLM carries the asm decode itself "
+        "(vllm.v1.attention.backends.rocm_attn): the plugin stays inactive there"
+    )

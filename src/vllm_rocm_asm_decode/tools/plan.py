@@ -36,6 +36,7 @@ from ..eligibility import (
 )
 from ..kernel_table import KernelTable, fallback_table
 from ..page_span import SPAN_LIMIT
+from ..plugin import IN_TREE_MODULE, vllm_carries_asm_decode
 from ..skew import ASM_SKEW_HEAD_TOKENS, ASM_SKEW_RATIO, asm_decode_skewed
 from .choices import (
     DEFAULT_GPU,
@@ -131,6 +132,9 @@ class Plan:
     page_span_clause: str = ""
     #: The skew clause's ratio (``VLLM_ROCM_ASM_DECODE_SKEW``, else the core's; 0: off).
     skew_ratio: int = 0
+    #: Whether the imported vLLM carries the asm decode itself (the in-tree change): the
+    #: plugin stays inactive there, and this plan is the plugin's (a note says so).
+    vllm_carries_asm_decode: bool = False
     notes: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
@@ -632,6 +636,15 @@ def make_plan(
         for layer in layers
     ]
     notes: list[str] = []
+    in_tree = vllm_carries_asm_decode()
+    if in_tree:
+        notes.append(
+            f"the installed vLLM carries the asm decode itself ({IN_TREE_MODULE}): the "
+            "plugin stays inactive there, and that vLLM reads none of the "
+            "VLLM_ROCM_ASM_DECODE* settings; this plan is what the plugin does on a stock "
+            'vLLM 0.33 (docs/upstream.md, "What stays in the plugin", says where the '
+            "in-tree change differs)"
+        )
     if os.environ.get("VLLM_ROCM_USE_AITER") is None:
         notes.append(
             "VLLM_ROCM_USE_AITER is unset here: planned as the deployment sets it to 1 (the "
@@ -767,6 +780,7 @@ def make_plan(
         skew_ratio=skew,
         cudagraph_mode=cudagraph_mode,
         decided_per_step=per_step,
+        vllm_carries_asm_decode=in_tree,
         notes=notes,
     )
 
