@@ -1783,6 +1783,38 @@ def test_sharegpt_refuses_the_random_datasets_lengths(tmp_path, capsys, monkeypa
     assert os.listdir(tmp_path) == ["sg.json"]  # nothing made
 
 
+@pytest.mark.parametrize(
+    ("earlier", "says"),
+    [
+        (["server-asm-r0.log"], "1 file(s) of an earlier run (server-asm-r0.log)"),
+        (
+            ["stock-r1-c64.json", "asm-r0-c128.json"],
+            "2 file(s) of an earlier run (asm-r0-c128.json, ...)",
+        ),
+    ],
+    ids=["a-log", "two-results"],
+)
+def test_a_result_dir_with_an_earlier_runs_files_is_refused(
+    tmp_path, monkeypatch, capsys, earlier, says
+):
+    """A second run would replace the files of the same names and leave the others
+    beside its own; files bench serve does not write there are no one's business."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "rd").mkdir()
+    for name in ["notes.txt", "asm-r0-c64.json.bak", *earlier]:
+        (tmp_path / "rd" / name).write_text("{}")
+    assert run([*SERVE, "--result-dir", "rd"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"vllm-rocm-asm-decode bench serve: error: --result-dir rd holds {says}, which this "
+        "run would mix with its own; give a new directory, or move them away"
+    ]
+    for name in earlier:
+        (tmp_path / "rd" / name).unlink()
+    from vllm_rocm_asm_decode.tools.validation.serve_bench import earlier_run_files
+
+    assert earlier_run_files(tmp_path / "rd") == []  # the others are not a run's
+
+
 def test_a_result_file_in_the_result_dir_the_run_makes_is_writable(tmp_path, monkeypatch):
     """bench serve makes --result-dir first: a file straight in it is writable, one in a
     directory under it that nothing makes is not; a link to a writable place is."""

@@ -480,12 +480,16 @@ def test_cli_exit_codes_and_json(tmp_path, monkeypatch, capsys):
     assert len(data["results"]) == 4 and data["error"] is None
     assert [a["confirmed"] for a in data["arms"]] == [True, True]
     monkeypatch.setenv("FAKE_VLLM_QUIET", "1")  # no start-up lines: nothing to confirm
+    assert main(args) == 2  # into the first run's --result-dir: refused
+    assert "holds 6 file(s) of an earlier run" in capsys.readouterr().err
+    args[args.index(str(tmp_path / "r"))] = str(tmp_path / "r2")
     assert main(args) == 1
     captured = capsys.readouterr()
     assert "plugin-off repeat 0: UNCONFIRMED" in captured.out
     assert "could not confirm the arm of plugin-off repeat 0, asm-decode repeat 0" in (captured.err)
     monkeypatch.delenv("FAKE_VLLM_QUIET")
     monkeypatch.setenv("FAKE_VLLM_SERVE_FAIL", "1")
+    args[args.index(str(tmp_path / "r2"))] = str(tmp_path / "r3")
     assert main(args) == 1
     captured = capsys.readouterr()
     assert captured.out == ""  # nothing measured: no empty table

@@ -665,6 +665,12 @@ def _bench_serve(args: argparse.Namespace) -> int:
         problem = f"--result-dir {args.result_dir} {why}"
     elif read := _inside_an_input(args.result_dir, inputs):
         problem = f"--result-dir {args.result_dir} is in {read}, which the run reads; give another"
+    elif earlier := sb.earlier_run_files(args.result_dir):
+        problem = (
+            f"--result-dir {args.result_dir} holds {len(earlier)} file(s) of an earlier run "
+            f"({earlier[0]}{', ...' if len(earlier) > 1 else ''}), which this run would mix "
+            "with its own; give a new directory, or move them away"
+        )
     elif why := _result_files_problem(args.json, args.plot, (args.result_dir, sb.OWN_FILE), inputs):
         problem = why
     elif bad := choices.plugin_settings_problem():

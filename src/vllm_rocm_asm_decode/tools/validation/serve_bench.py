@@ -276,6 +276,17 @@ def result_name(arm: str, repeat: int, concurrency: int) -> str:
 OWN_FILE = re.compile(r"[^/]+-r\d+-c\d+\.json|server-[^/]+-r\d+\.log")
 
 
+def earlier_run_files(result_dir: str | Path) -> list[str]:
+    """The names in ``result_dir`` that a run gives its own files (:data:`OWN_FILE`),
+    sorted: an earlier run's, which a new run would partly replace and partly leave
+    beside its own. Empty where the directory is not there or cannot be listed."""
+    try:
+        names = os.listdir(result_dir)
+    except OSError:
+        return []
+    return sorted(name for name in names if OWN_FILE.fullmatch(name))
+
+
 def bench_command(cfg: ServeConfig, concurrency: int, num_prompts: int, name: str) -> list[str]:
     if cfg.dataset == "sharegpt":
         dataset = ["--dataset-name", "sharegpt", "--dataset-path", str(cfg.dataset_path)]
