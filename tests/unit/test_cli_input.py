@@ -1803,6 +1803,13 @@ def test_a_result_dir_with_an_earlier_runs_files_is_refused(
     (tmp_path / "rd").mkdir()
     for name in ["notes.txt", "asm-r0-c64.json.bak", *earlier]:
         (tmp_path / "rd" / name).write_text("{}")
+    # The command's own mistakes first: moving the files away would not have helped.
+    assert run([*SERVE, "--result-dir", "rd", "--max-model-len", "100"]) == 2
+    assert "error: --max-model-len 100 is below" in capsys.readouterr().err
+    monkeypatch.setenv("VLLM_ROCM_ASM_DECODE_CUT", "abc")
+    assert run([*SERVE, "--result-dir", "rd"]) == 2
+    assert "VLLM_ROCM_ASM_DECODE_CUT" in capsys.readouterr().err
+    monkeypatch.delenv("VLLM_ROCM_ASM_DECODE_CUT")
     assert run([*SERVE, "--result-dir", "rd"]) == 2
     assert capsys.readouterr().err.splitlines() == [
         f"vllm-rocm-asm-decode bench serve: error: --result-dir rd holds {says}, which this "

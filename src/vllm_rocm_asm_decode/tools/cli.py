@@ -395,7 +395,8 @@ def _add_bench_serve(bench) -> None:
         "--result-dir",
         type=choices.nonempty,
         default="asm-decode-serve-results",
-        help="where result files and server logs go (default asm-decode-serve-results)",
+        help="where result files and server logs go: a new directory, or one holding no "
+        "earlier run's files (default asm-decode-serve-results)",
     )
     p.add_argument(
         "--vllm",
@@ -665,12 +666,6 @@ def _bench_serve(args: argparse.Namespace) -> int:
         problem = f"--result-dir {args.result_dir} {why}"
     elif read := _inside_an_input(args.result_dir, inputs):
         problem = f"--result-dir {args.result_dir} is in {read}, which the run reads; give another"
-    elif earlier := sb.earlier_run_files(args.result_dir):
-        problem = (
-            f"--result-dir {args.result_dir} holds {len(earlier)} file(s) of an earlier run "
-            f"({earlier[0]}{', ...' if len(earlier) > 1 else ''}), which this run would mix "
-            "with its own; give a new directory, or move them away"
-        )
     elif why := _result_files_problem(args.json, args.plot, (args.result_dir, sb.OWN_FILE), inputs):
         problem = why
     elif bad := choices.plugin_settings_problem():
@@ -699,6 +694,14 @@ def _bench_serve(args: argparse.Namespace) -> int:
         )  # fmt: skip
     except ValueError as exc:
         print(f"{PROG} bench serve: error: {exc}", file=sys.stderr)
+        return 2
+    if earlier := sb.earlier_run_files(cfg.result_dir):  # after the command's own mistakes
+        print(
+            f"{PROG} bench serve: error: --result-dir {args.result_dir} holds {len(earlier)} "
+            f"file(s) of an earlier run ({earlier[0]}{', ...' if len(earlier) > 1 else ''}), "
+            "which this run would mix with its own; give a new directory, or move them away",
+            file=sys.stderr,
+        )
         return 2
     outcome = sb.run_ab(cfg, log=_say)
     sb.flag_outliers(outcome.results)
