@@ -155,7 +155,7 @@ def test_stage_1_is_about_a_hundred_lines_inside_rocm_attn_py(tree):
     assert text.count("logger.info") == 1 and text.count("logger.debug") == 0
     # Its test file: ~200 lines, at least 12 tests (docs/upstream.md says what is in it).
     test_file = files[upstream.KERNEL_TEST]
-    assert len(test_file.splitlines()) <= 290 and test_file.count("\ndef test_") >= 5
+    assert len(test_file.splitlines()) <= 280 and test_file.count("\ndef test_") >= 5
 
 
 def test_a_file_where_a_directory_goes_stops_check_and_apply_alike(tree, capsys):
@@ -785,7 +785,7 @@ def test_the_pull_request_texts_are_short_shipped_and_in_the_docs(stage):
         )
         facts += (f"AITER {at_least} 0.1.17", "issue 3062", f"1{dash}16 unchanged")
         facts += ("0.9239 \u2192 0.9213", "default precision", "40960", "cudagraph_mode=FULL")
-        facts += ("output_scale", "two at least", "gqa8", "**Tests** (26)", "19 GPU tests")
+        facts += ("output_scale", "two at least", "gqa8", "**Tests** (24)", "18 GPU tests")
         facts += ("Not a duplicate", "AI-assisted", "max_page_id")
         flat = " ".join(text.split())  # as a reader reads it, whatever the wrapping
         for fact in facts:
