@@ -276,7 +276,7 @@ _STAGE_1_RELOAD = """\
                 raise RuntimeError(f"{why} (held by CUDA graphs); restart with {fix}")
             logger.error("%s: they use the HIP decode until a restart", why)
         for table in wanted.keys() - kept:  # one new scale for all its layers
-            table.fill_(*wanted[table])
+            table.fill_(wanted[table].pop())
         self._asm_scales = {x: t for x, t in self._asm_scales.items() if x not in stale}
         self._asm_filled = {x: now[x] for x in self._asm_scales}"""
 
