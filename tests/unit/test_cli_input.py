@@ -678,8 +678,10 @@ def test_passkey_server_answers_that_are_not_completions(answer, message, capsys
         ("VLLM_ROCM_ASM_DECODE_CUT", "-1", "VLLM_ROCM_ASM_DECODE_CUT='-1'"),
         ("VLLM_ROCM_ASM_DECODE_TRUST_AITER", "2", "VLLM_ROCM_ASM_DECODE_TRUST_AITER='2'"),
         ("VLLM_PLUGINS", "x", "leaves out rocm_asm_decode"),
+        ("VLLM_LOGGING_LEVEL", " info", "VLLM_LOGGING_LEVEL=' info' is not a logging level"),
+        ("VLLM_LOGGING_LEVEL", "warning", "VLLM_LOGGING_LEVEL=warning hides the INFO lines"),
     ],
-    ids=["cut", "trust", "plugins"],
+    ids=["cut", "trust", "plugins", "bad-logging-level", "logging-above-info"],
 )
 def test_bench_serve_refuses_an_environment_that_would_stop_or_skip_the_plugin(
     var, value, message, monkeypatch, capsys

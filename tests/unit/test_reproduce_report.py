@@ -288,6 +288,19 @@ def test_a_dataset_that_is_a_directory_is_said_so_with_out_inside_it(capsys, tmp
     )
 
 
+@pytest.mark.parametrize("level", ["ERROR", "info "])
+def test_a_logging_level_that_hides_or_breaks_the_arms_lines_is_refused(
+    capsys, tmp_path, monkeypatch, level
+):
+    """Each serving arm is confirmed from the INFO lines of its server's log: a level
+    above INFO would end the run unconfirmed, one vLLM refuses would stop each server."""
+    monkeypatch.setenv("VLLM_LOGGING_LEVEL", level)
+    code = cli.main(["reproduce", "--out", str(tmp_path / "out"), *M, *_stand_ins()])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and not (tmp_path / "out").exists()
+    assert f"VLLM_LOGGING_LEVEL={level if level == 'ERROR' else repr(level)} " in err
+
+
 def test_a_switch_value_doctor_would_refuse_is_refused_before_the_run(
     capsys, tmp_path, monkeypatch
 ):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import json
+import logging
 import math
 import os
 import re
@@ -629,6 +630,14 @@ def plugin_settings_problem() -> str | None:
     bad = [p for p in settings.problems() if not p.startswith(f"{settings.SWITCH_ENV}=")]
     if bad:
         return "; ".join(bad)
+    if bad := settings.logging_level_problem():  # vLLM's logging set-up refuses it
+        return bad
+    level = os.environ.get("VLLM_LOGGING_LEVEL", "INFO")
+    if logging.getLevelName(level.upper()) > logging.INFO:
+        return (
+            f"VLLM_LOGGING_LEVEL={level} hides the INFO lines of the servers' logs that "
+            "confirm each arm; unset it, or set INFO or DEBUG"
+        )
     if settings.left_out_by_vllm_plugins():
         return (
             f"VLLM_PLUGINS={os.environ['VLLM_PLUGINS']!r} leaves out {settings.ENTRY_POINT}: "
