@@ -196,6 +196,27 @@ def installed_vllm_version() -> str | None:
         return None
 
 
+def imported_vllm_version() -> str | None:
+    """The version of the vLLM this Python would import (the first on its path, which
+    need not be the installed distribution), read from its ``_version.py`` without an
+    import; None where that file or its ``__version__`` string is not there."""
+    import ast
+
+    source = module_source("vllm._version")
+    if source is None:
+        return None
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return None
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant):
+            names = {t.id for t in node.targets if isinstance(t, ast.Name)}
+            if "__version__" in names and isinstance(node.value.value, str):
+                return node.value.value
+    return None
+
+
 def version_mismatch(version: str | None) -> str | None:
     """Why ``version`` is not a vLLM this release extends; None when it is. Any 0.33
     release, pre-release or local build counts (``0.33.0+rocm722``, ``0.33.1.dev4``)."""

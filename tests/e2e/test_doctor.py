@@ -328,6 +328,9 @@ def test_an_allow_list_without_the_plugin_fails_the_plugin_check(
         "splits it at commas and strips nothing), so vLLM does not load the plugin; add "
         "rocm_asm_decode to the list or unset VLLM_PLUGINS"
     )
+    (row,) = [r for r in report["settings"] if r["name"] == "VLLM_PLUGINS"]
+    spaced = plugins.strip() != plugins or " ," in plugins
+    assert ("strips no spaces" in row["effect"]) is spaced, row
     assert main(["doctor"]) == 2
     out = capsys.readouterr().out.splitlines()
     (line,) = [ln for ln in out if ln.split()[1:2] == ["plugin"]]  # the check's line

@@ -136,7 +136,7 @@ def test_plan_says_that_a_vllm_carrying_the_change_leaves_the_plugin_inactive():
 
     made = plan.make_plan(gpu="mi355x")
     assert made.vllm_carries_asm_decode and made.to_json()["vllm_carries_asm_decode"]
-    note = "the installed vLLM carries the asm decode itself (vllm.v1.attention.backends"
+    note = "the vLLM imported here carries the asm decode itself (vllm.v1.attention.backends"
     assert made.notes[0].startswith(note) and "plugin stays inactive there" in made.notes[0]
     assert f"note: {made.notes[0]}" in plan.render(made).splitlines()
 

@@ -787,6 +787,6 @@ def test_a_vllm_that_carries_the_change_is_named_first_in_the_notes(monkeypatch,
     assert main(["plan", "--gpu", "mi355x"]) == 0
     notes = [x for x in capsys.readouterr().out.splitlines() if x.startswith("note: ")]
     assert notes[0].startswith(
-        "note: the installed vLLM carries the asm decode itself "
+        "note: the vLLM imported here carries the asm decode itself "
         "(vllm.v1.attention.backends.rocm_attn): the plugin stays inactive there"
     )

@@ -692,6 +692,31 @@ def test_bench_serve_refuses_an_environment_that_would_stop_or_skip_the_plugin(
     assert len(err) == 1 and message in err[0], err
 
 
+@pytest.mark.parametrize("command", [["plan"], ["bench", "kernel", "--seqs", "1"]])
+def test_another_vllm_first_on_the_path_is_refused_as_doctor_fails_it(monkeypatch, capsys, command):
+    """The installed distribution is what the plugin judges; a copy of another version
+    earlier on the path would run instead, unjudged: refused in one line, as doctor's
+    vllm check fails it."""
+    from vllm_rocm_asm_decode import vllm_support
+
+    assert vllm_support.imported_vllm_version() == vllm_support.installed_vllm_version()
+    real = vllm_support.module_source
+
+    def moved_on(module):
+        text = real(module)
+        return text.replace("'0.33.0'", "'0.34.0'") if module == "vllm._version" else text
+
+    monkeypatch.setattr(vllm_support, "module_source", moved_on)
+    assert vllm_support.imported_vllm_version() == "0.34.0"
+    assert main(command) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert "error: vLLM 0.34.0 is imported from " in line
+    assert line.endswith(
+        "distribution is 0.33.0: the plugin judges vLLM by the "
+        "distribution, not the code that runs; keep one vLLM on the path"
+    )
+
+
 def test_plan_says_on_a_terminal_what_it_loads_when_it_takes_a_while(monkeypatch, capsys):
     """On a terminal the note shows while vLLM loads and is erased after (an error that
     follows stays one line); a pipe or a log gets no note."""

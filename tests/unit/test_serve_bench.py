@@ -487,6 +487,8 @@ def test_cli_exit_codes_and_json(tmp_path, monkeypatch, capsys):
     captured = capsys.readouterr()
     assert "plugin-off repeat 0: UNCONFIRMED" in captured.out
     assert "could not confirm the arm of plugin-off repeat 0, asm-decode repeat 0" in (captured.err)
+    saved = json.loads((tmp_path / "out.json").read_text())  # the failure, as on stderr
+    assert saved["error"].startswith("could not confirm the arm of plugin-off repeat 0")
     monkeypatch.delenv("FAKE_VLLM_QUIET")
     monkeypatch.setenv("FAKE_VLLM_SERVE_FAIL", "1")
     args[args.index(str(tmp_path / "r2"))] = str(tmp_path / "r3")
@@ -494,7 +496,10 @@ def test_cli_exit_codes_and_json(tmp_path, monkeypatch, capsys):
     captured = capsys.readouterr()
     assert captured.out == ""  # nothing measured: no empty table
     (line,) = [x for x in captured.err.splitlines() if "bench serve: error" in x]
-    assert "before /health" in line and line.endswith("(nothing was measured)")
+    assert "before /health" in line and line.endswith(
+        f"(nothing was measured; rerun with another --result-dir, or move {tmp_path}/r3's "
+        "files away)"
+    )
     assert "results so far kept" not in captured.err
 
 
@@ -598,7 +603,8 @@ def test_a_terminals_ctrl_c_reaches_the_command_not_the_benchmark_client(tmp_pat
     assert cli.returncode == 130, lines
     assert "Traceback" not in "".join(lines) and "KeyboardInterrupt" not in "".join(lines)
     assert lines[-1].strip() == (
-        "vllm-rocm-asm-decode bench serve: error: interrupted (nothing was measured)"
+        "vllm-rocm-asm-decode bench serve: error: interrupted (nothing was measured; rerun "
+        f"with another --result-dir, or move {result_dir}'s files away)"
     )
     assert not sb.port_in_use("127.0.0.1", port)
 
@@ -661,7 +667,8 @@ def test_a_second_ctrl_c_kills_a_slow_server_and_the_json_is_written(
     assert cli.returncode == status, lines
     assert "Traceback" not in "".join(lines)
     assert lines[-1].strip() == (
-        f"vllm-rocm-asm-decode bench serve: error: {said} (nothing was measured)"
+        f"vllm-rocm-asm-decode bench serve: error: {said} (nothing was measured; rerun "
+        f"with another --result-dir, or move {result_dir}'s files away)"
     )
     data = json.loads(target.read_text())
     assert data["interrupted"] is True and data["results"] == []

@@ -706,10 +706,18 @@ def _bench_serve(args: argparse.Namespace) -> int:
     outcome = sb.run_ab(cfg, log=_say)
     sb.flag_outliers(outcome.results)
     rows = sb.summarize(outcome.results, cfg.baseline)
+    unconfirmed = [f"{a.arm} repeat {a.repeat}" for a in outcome.arms if not a.confirmed]
+    doubt = (
+        f"could not confirm the arm of {', '.join(unconfirmed)} from its server log (see "
+        "above); the comparison may not be what it says"
+        if unconfirmed
+        else None
+    )
     # The files first: a reader of stdout that has gone away must not cost them.
     try:
         if args.json:
             data = outcome.to_json() | {"summary": [vars(r) for r in rows]}
+            data["error"] = data["error"] or doubt
             Path(args.json).write_text(json.dumps(data, indent=2))
         if args.plot and rows:
             from .validation.plots import plot_serve
@@ -730,16 +738,13 @@ def _bench_serve(args: argparse.Namespace) -> int:
             if outcome.results
             else "nothing was measured"
         )
+        if sb.earlier_run_files(cfg.result_dir):  # a rerun into it would be refused
+            kept += f"; rerun with another --result-dir, or move {cfg.result_dir}'s files away"
         said = stopped_by() if outcome.interrupted else outcome.error
         print(f"{PROG} bench serve: error: {said} ({kept})", file=sys.stderr)
         return 130 if outcome.interrupted else 1
-    unconfirmed = [f"{a.arm} repeat {a.repeat}" for a in outcome.arms if not a.confirmed]
-    if unconfirmed:
-        print(
-            f"{PROG} bench serve: error: could not confirm the arm of {', '.join(unconfirmed)} "
-            "from its server log (see above); the comparison may not be what it says",
-            file=sys.stderr,
-        )
+    if doubt:
+        print(f"{PROG} bench serve: error: {doubt}", file=sys.stderr)
         return 1
     return 0
 
@@ -795,8 +800,19 @@ def _vllm_problem() -> str | None:
     what the plugin builds on moved), read from its source before any of it is imported
     (``plan``, ``bench kernel`` and ``check accuracy`` ask it once their own input is
     judged; ``doctor`` reports it as a check); None when it is."""
-    from ..vllm_support import vllm_mismatch
+    from ..vllm_support import imported_vllm_version, installed_vllm_version, vllm_mismatch
 
+    imported, installed = imported_vllm_version(), installed_vllm_version()
+    if None not in (imported, installed) and imported != installed:
+        from importlib.util import find_spec
+
+        spec = find_spec("vllm")
+        where = list(spec.submodule_search_locations or []) if spec else []
+        return (
+            f"vLLM {imported} is imported from {where[0] if where else '?'}, but the "
+            f"installed vllm distribution is {installed}: the plugin judges vLLM by the "
+            "distribution, not the code that runs; keep one vLLM on the path"
+        )
     mismatch = vllm_mismatch()
     if mismatch is None:
         return None

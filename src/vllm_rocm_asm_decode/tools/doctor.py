@@ -185,6 +185,8 @@ def switches() -> list[dict[str, Any]]:
         plugins_effect = f"allow-list names {ENTRY_POINT}: it loads"
     else:
         plugins_effect = f"allow-list without {ENTRY_POINT}: vLLM does not load the plugin"
+        if any(name.strip() == ENTRY_POINT for name in settings.plugins_allow_list() or []):
+            plugins_effect += " (vLLM splits the list at commas and strips no spaces)"
     rows.append(("VLLM_PLUGINS", plugins_effect))
     rows.append(("AITER_ASM_DIR", "where AITER's kernels and kernel tables are read"))
     return [{"name": name, "value": raw(name), "effect": effect} for name, effect in rows]

@@ -639,11 +639,11 @@ def make_plan(
     in_tree = vllm_carries_asm_decode()
     if in_tree:
         notes.append(
-            f"the installed vLLM carries the asm decode itself ({IN_TREE_MODULE}): the "
-            "plugin stays inactive there, and that vLLM reads none of the "
-            "VLLM_ROCM_ASM_DECODE* settings; this plan is what the plugin does on a stock "
-            'vLLM 0.33 (docs/upstream.md, "What stays in the plugin", says where the '
-            "in-tree change differs)"
+            f"the vLLM imported here carries the asm decode itself ({IN_TREE_MODULE}): "
+            "the plugin stays inactive there, and that vLLM's asm decode reads none of the "
+            "VLLM_ROCM_ASM_DECODE* settings (its switch: --attention-config."
+            "use_aiter_asm_decode); this plan is what the plugin does on a stock vLLM 0.33 "
+            "(the project's docs/upstream.md says where the in-tree change differs)"
         )
     if os.environ.get("VLLM_ROCM_USE_AITER") is None:
         notes.append(
