@@ -50,7 +50,7 @@ def _aiter_on_seeded(monkeypatch):
 
 @pytest.fixture
 def gfx942(monkeypatch):
-    """What the builder reads of the GPU and AITER, as on gfx942 with AITER 0.1.17."""
+    """Stubs of what the builder reads of the GPU and AITER: gfx942, AITER 0.1.17."""
     rocm = sys.modules.get("vllm.platforms.rocm", SimpleNamespace())  # imports on ROCm
     monkeypatch.setitem(sys.modules, "vllm.platforms.rocm", rocm)
     monkeypatch.setattr(rocm, "on_mi3xx", lambda: True, raising=False)
