@@ -217,6 +217,20 @@ def imported_vllm_version() -> str | None:
     return None
 
 
+def same_vllm_build(imported: str | None, installed: str | None) -> bool:
+    """Whether a vLLM's own version and its distribution's name one build. A ROCm build
+    writes the plain version into ``vllm/_version.py`` and adds its local tag
+    (``+rocm722``) to the distribution's only, so the public parts are compared."""
+    from packaging.version import InvalidVersion, Version
+
+    if imported is None or installed is None:
+        return imported == installed
+    try:
+        return Version(imported).public == Version(installed).public
+    except InvalidVersion:
+        return imported == installed
+
+
 def version_mismatch(version: str | None) -> str | None:
     """Why ``version`` is not a vLLM this release extends; None when it is. Any 0.33
     release, pre-release or local build counts (``0.33.0+rocm722``, ``0.33.1.dev4``)."""

@@ -679,9 +679,21 @@ def test_passkey_server_answers_that_are_not_completions(answer, message, capsys
         ("VLLM_ROCM_ASM_DECODE_TRUST_AITER", "2", "VLLM_ROCM_ASM_DECODE_TRUST_AITER='2'"),
         ("VLLM_PLUGINS", "x", "leaves out rocm_asm_decode"),
         ("VLLM_LOGGING_LEVEL", " info", "VLLM_LOGGING_LEVEL=' info' is not a logging level"),
-        ("VLLM_LOGGING_LEVEL", "warning", "VLLM_LOGGING_LEVEL=warning hides the INFO lines"),
+        ("VLLM_LOGGING_LEVEL", "warning", "VLLM_LOGGING_LEVEL='warning' hides the INFO lines"),
+        ("VLLM_LOGGING_LEVEL", "notset", "VLLM_LOGGING_LEVEL='notset' hides the INFO lines"),
+        ("VLLM_CONFIGURE_LOGGING", "0", "VLLM_CONFIGURE_LOGGING='0' leaves the servers without"),
+        ("VLLM_CONFIGURE_LOGGING", "no", "VLLM_CONFIGURE_LOGGING='no' is not an integer"),
     ],
-    ids=["cut", "trust", "plugins", "bad-logging-level", "logging-above-info"],
+    ids=[
+        "cut",
+        "trust",
+        "plugins",
+        "bad-logging-level",
+        "logging-above-info",
+        "logging-notset",  # the vllm logger then takes the root's WARNING
+        "logging-not-configured",
+        "logging-configure-not-int",
+    ],
 )
 def test_bench_serve_refuses_an_environment_that_would_stop_or_skip_the_plugin(
     var, value, message, monkeypatch, capsys
@@ -692,29 +704,64 @@ def test_bench_serve_refuses_an_environment_that_would_stop_or_skip_the_plugin(
     assert len(err) == 1 and message in err[0], err
 
 
-@pytest.mark.parametrize("command", [["plan"], ["bench", "kernel", "--seqs", "1"]])
+@pytest.mark.parametrize(
+    "command",
+    [["plan"], ["bench", "kernel", "--seqs", "1"], ["check", "accuracy", "--seeds", "1"]],
+)
 def test_another_vllm_first_on_the_path_is_refused_as_doctor_fails_it(monkeypatch, capsys, command):
     """The installed distribution is what the plugin judges; a copy of another version
     earlier on the path would run instead, unjudged: refused in one line, as doctor's
-    vllm check fails it."""
+    vllm check fails it. A ROCm build's local tag (on its distribution only) is no
+    other vLLM."""
     from vllm_rocm_asm_decode import vllm_support
 
-    assert vllm_support.imported_vllm_version() == vllm_support.installed_vllm_version()
+    imported, installed = "0.33.0", vllm_support.installed_vllm_version()
+    assert vllm_support.imported_vllm_version() == imported == installed
     real = vllm_support.module_source
 
     def moved_on(module):
         text = real(module)
-        return text.replace("'0.33.0'", "'0.34.0'") if module == "vllm._version" else text
+        return text.replace(f"'{imported}'", "'0.34.0'") if module == "vllm._version" else text
 
+    rocm_build = "0.33.0+rocm722"
+    monkeypatch.setattr(vllm_support, "installed_vllm_version", lambda: rocm_build)
+    assert vllm_support.same_vllm_build(imported, rocm_build)
+    assert cli._vllm_problem() is None
     monkeypatch.setattr(vllm_support, "module_source", moved_on)
     assert vllm_support.imported_vllm_version() == "0.34.0"
     assert main(command) == 2
     (line,) = capsys.readouterr().err.splitlines()
     assert "error: vLLM 0.34.0 is imported from " in line
     assert line.endswith(
-        "distribution is 0.33.0: the plugin judges vLLM by the "
+        f"distribution is {rocm_build}: the plugin judges vLLM by the "
         "distribution, not the code that runs; keep one vLLM on the path"
     )
+
+
+@pytest.mark.parametrize(
+    "arg",
+    ["--log-level=WARNING", "--log-level", "--log-l", "--logging-config.log_level=ERROR",
+     "--logging_config={}", "--log-config-file=x.json"],
+)  # fmt: skip
+def test_bench_serve_refuses_serve_args_that_set_the_servers_logging(arg, capsys):
+    argv = ["bench", "serve", "--model", "m", "--vllm", STAND_IN_VLLM, "--serve-arg", arg]
+    assert run(argv) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert f"--serve-arg {arg}: --log" in line and "for more, set VLLM_LOGGING_LEVEL=DEBUG" in line
+
+
+def test_a_logging_config_of_the_users_own_decides_the_level(monkeypatch):
+    """With VLLM_LOGGING_CONFIG_PATH vLLM applies the user's configuration, not the
+    level: nothing to judge here (the arms' check reads the logs)."""
+    from vllm_rocm_asm_decode.tools import choices
+
+    monkeypatch.setenv("VLLM_LOGGING_LEVEL", "WARNING")
+    assert "hides the INFO lines" in choices.plugin_settings_problem()
+    monkeypatch.setenv("VLLM_LOGGING_CONFIG_PATH", "/some/logging.json")
+    assert choices.plugin_settings_problem() is None
+    monkeypatch.setenv("VLLM_LOGGING_LEVEL", "DEBUG")
+    monkeypatch.delenv("VLLM_LOGGING_CONFIG_PATH")
+    assert choices.plugin_settings_problem() is None
 
 
 def test_plan_says_on_a_terminal_what_it_loads_when_it_takes_a_while(monkeypatch, capsys):

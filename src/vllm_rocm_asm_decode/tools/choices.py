@@ -630,18 +630,38 @@ def plugin_settings_problem() -> str | None:
     bad = [p for p in settings.problems() if not p.startswith(f"{settings.SWITCH_ENV}=")]
     if bad:
         return "; ".join(bad)
-    if bad := settings.logging_level_problem():  # vLLM's logging set-up refuses it
-        return bad
-    level = os.environ.get("VLLM_LOGGING_LEVEL", "INFO")
-    if logging.getLevelName(level.upper()) > logging.INFO:
-        return (
-            f"VLLM_LOGGING_LEVEL={level} hides the INFO lines of the servers' logs that "
-            "confirm each arm; unset it, or set INFO or DEBUG"
-        )
     if settings.left_out_by_vllm_plugins():
         return (
             f"VLLM_PLUGINS={os.environ['VLLM_PLUGINS']!r} leaves out {settings.ENTRY_POINT}: "
             "no arm would run the plugin"
+        )
+    return servers_logging_problem()
+
+
+def servers_logging_problem() -> str | None:
+    """Why the servers' logs would not show the INFO lines each serving arm is confirmed
+    from, read as vLLM reads its logging settings; None when they would."""
+    from .. import settings
+
+    if bad := settings.logging_level_problem():  # vLLM's logging set-up refuses it
+        return bad
+    configure = os.environ.get("VLLM_CONFIGURE_LOGGING", "1")
+    try:
+        configured = bool(int(configure))  # as vLLM reads it
+    except ValueError:
+        return f"VLLM_CONFIGURE_LOGGING={configure!r} is not an integer (vLLM fails on it)"
+    if not configured:
+        return (
+            f"VLLM_CONFIGURE_LOGGING={configure!r} leaves the servers without vLLM's log "
+            "lines, whose INFO lines confirm each arm; unset it"
+        )
+    if os.environ.get("VLLM_LOGGING_CONFIG_PATH"):
+        return None  # the user's logging configuration decides; the arms' check says
+    level = os.environ.get("VLLM_LOGGING_LEVEL", "INFO")
+    if logging.getLevelName(level.upper()) not in (logging.DEBUG, logging.INFO):
+        return (
+            f"VLLM_LOGGING_LEVEL={level!r} hides the INFO lines of the servers' logs that "
+            "confirm each arm; unset it, or set INFO or DEBUG"
         )
     return None
 

@@ -800,10 +800,15 @@ def _vllm_problem() -> str | None:
     what the plugin builds on moved), read from its source before any of it is imported
     (``plan``, ``bench kernel`` and ``check accuracy`` ask it once their own input is
     judged; ``doctor`` reports it as a check); None when it is."""
-    from ..vllm_support import imported_vllm_version, installed_vllm_version, vllm_mismatch
+    from ..vllm_support import (
+        imported_vllm_version,
+        installed_vllm_version,
+        same_vllm_build,
+        vllm_mismatch,
+    )
 
     imported, installed = imported_vllm_version(), installed_vllm_version()
-    if None not in (imported, installed) and imported != installed:
+    if None not in (imported, installed) and not same_vllm_build(imported, installed):
         from importlib.util import find_spec
 
         spec = find_spec("vllm")

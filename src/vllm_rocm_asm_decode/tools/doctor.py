@@ -224,7 +224,7 @@ def kernel_rows(table: KernelTable) -> list[dict[str, Any]]:
 def environment() -> Report:
     """The environment part: everything but the GPU self-test."""
     from ..plugin import inactive_reason
-    from ..vllm_support import EXTENSION_POINTS, vllm_mismatch
+    from ..vllm_support import EXTENSION_POINTS, same_vllm_build, vllm_mismatch
     from .validation.gpu import rocm_gpu_problem
 
     checks: list[Check] = []
@@ -247,7 +247,7 @@ def environment() -> Report:
 
     vllm_version, vllm_path = _imported_vllm()
     distribution = _version("vllm")
-    if vllm_version != distribution:  # another vLLM first on the path
+    if not same_vllm_build(vllm_version, distribution):  # another vLLM first on the path
         vllm_check = Check(
             "vllm",
             False,

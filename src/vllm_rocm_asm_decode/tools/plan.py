@@ -641,8 +641,8 @@ def make_plan(
         notes.append(
             f"the vLLM imported here carries the asm decode itself ({IN_TREE_MODULE}): "
             "the plugin stays inactive there, and that vLLM's asm decode reads none of the "
-            "VLLM_ROCM_ASM_DECODE* settings (its switch: --attention-config."
-            "use_aiter_asm_decode); this plan is what the plugin does on a stock vLLM 0.33 "
+            "VLLM_ROCM_ASM_DECODE* settings (--attention-config.use_aiter_asm_decode=false "
+            "turns it off); this plan is what the plugin does on a stock vLLM 0.33 "
             "(the project's docs/upstream.md says where the in-tree change differs)"
         )
     if os.environ.get("VLLM_ROCM_USE_AITER") is None:

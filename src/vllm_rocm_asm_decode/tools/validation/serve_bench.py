@@ -84,6 +84,22 @@ def _option_name(arg: str) -> str:
     return head if not head.startswith("--") else "--" + head[2:].replace("_", "-")
 
 
+#: ``vllm serve``'s logging options (0.33): the arms are confirmed from their servers'
+#: INFO lines, which these could hide (``--logging-config.log_level`` included).
+LOGGING_SERVE_OPTIONS = ("--log-level", "--logging-config", "--log-config-file")
+
+
+def logging_serve_option(arg: str) -> str | None:
+    """The ``vllm serve`` logging option ``arg`` sets or may set (a prefix of one, as
+    vLLM's parser reads it, or a dotted field of ``--logging-config``); None otherwise."""
+    name = _option_name(arg)
+    if name.startswith("--logging-config."):
+        return "--logging-config"
+    if not name.startswith("--log"):
+        return None
+    return next((o for o in LOGGING_SERVE_OPTIONS if o.startswith(name)), None)
+
+
 def owned_serve_option(arg: str) -> str | None:
     """The harness-owned ``vllm serve`` option ``arg`` sets, if it may set one. vLLM
     reads ``--a_b`` as ``--a-b`` and ``--a=v`` as ``--a v``, and its parser (argparse,
@@ -220,6 +236,11 @@ class ServeConfig:
                 raise ValueError(
                     f"--serve-arg {arg}: {read}bench serve sets {owned} itself"
                     + (f"; use bench serve's {ours}" if ours else " (both arms need it)")
+                )
+            if logging_option := logging_serve_option(arg):
+                raise ValueError(
+                    f"--serve-arg {arg}: {logging_option} could hide the INFO lines of the "
+                    "servers' logs that confirm each arm; for more, set VLLM_LOGGING_LEVEL=DEBUG"
                 )
         if len(self.concurrencies) != len(self.num_prompts):
             raise ValueError(
