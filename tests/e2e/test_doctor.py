@@ -87,6 +87,28 @@ def test_stand_in_rocm_reports_aiter_version_arch_table_and_files(
 
 
 @pytest.mark.parametrize(
+    ("imported", "distribution", "ok"),
+    [("0.33.0", "0.33.0+rocm722", True), ("0.33.1.dev5+gabc", "0.33.1.dev5+gabc.rocm722", True),
+     ("0.34.0", "0.33.0+rocm722", False)],
+    ids=["rocm-release", "rocm-dev-build", "another-version"],
+)  # fmt: skip
+def test_a_rocm_builds_local_tag_is_the_same_vllm(
+    aiter_version, monkeypatch, capsys, imported, distribution, ok
+):
+    """vLLM's setup writes the plain version into vllm/_version.py and adds +rocmNNN to
+    its distribution's only: one vLLM, not another first on the path."""
+    from vllm_rocm_asm_decode import vllm_support
+
+    aiter_version("0.1.20")
+    monkeypatch.setattr(vllm_support, "installed_vllm_version", lambda: distribution)
+    monkeypatch.setattr(doctor, "_version", lambda n: distribution if n == "vllm" else None)
+    monkeypatch.setattr(doctor, "_imported_vllm", lambda: (imported, "/somewhere/vllm"))
+    _, report = doctor_json(capsys)
+    check = checks(report)["vllm"]
+    assert check["ok"] is ok and ("keep one vLLM on the path" in check["detail"]) is not ok
+
+
+@pytest.mark.parametrize(
     ("version", "drop", "says"),
     [
         ("0.34.0.dev3+rocm700", None, "vLLM 0.34.0.dev3+rocm700 is not 0.33.x"),
