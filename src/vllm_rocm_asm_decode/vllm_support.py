@@ -199,22 +199,29 @@ def installed_vllm_version() -> str | None:
 def imported_vllm_version() -> str | None:
     """The version of the vLLM this Python would import (the first on its path, which
     need not be the installed distribution), read from its ``_version.py`` without an
-    import; None where that file or its ``__version__`` string is not there."""
+    import; ``"dev"``, as ``vllm.__version__`` then reads, where that file or its
+    ``__version__`` string is not there; None where there is no vLLM package."""
     import ast
 
+    if module_source("vllm") is None:
+        return None
     source = module_source("vllm._version")
-    if source is None:
-        return None
     try:
-        tree = ast.parse(source)
+        tree = ast.parse(source or "")
     except (SyntaxError, ValueError):
-        return None
+        return "dev"
     for node in tree.body:
-        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant):
-            names = {t.id for t in node.targets if isinstance(t, ast.Name)}
-            if "__version__" in names and isinstance(node.value.value, str):
-                return node.value.value
-    return None
+        if isinstance(node, ast.Assign):
+            targets, value = node.targets, node.value
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            targets, value = [node.target], node.value
+        else:
+            continue
+        names = {t.id for t in targets if isinstance(t, ast.Name)}
+        if "__version__" in names and isinstance(value, ast.Constant):
+            if isinstance(value.value, str):
+                return value.value
+    return "dev"
 
 
 def same_vllm_build(imported: str | None, installed: str | None) -> bool:

@@ -739,6 +739,34 @@ def test_another_vllm_first_on_the_path_is_refused_as_doctor_fails_it(monkeypatc
 
 
 @pytest.mark.parametrize(
+    ("version_file", "read"),
+    [
+        (None, "dev"),  # a source checkout never built: vllm.__version__ is "dev"
+        ("__version__: str = '0.34.0'\n", "0.34.0"),
+        ("__version__ = version = '0.33.0'\n", "0.33.0"),
+        ("version = '0.33.0'\n", "dev"),
+        ("def broken(:\n", "dev"),
+    ],
+    ids=["missing", "annotated", "chained", "no-dunder", "unparsable"],
+)
+def test_the_imported_vllms_version_is_read_as_vllm_reads_it(monkeypatch, version_file, read):
+    from vllm_rocm_asm_decode import vllm_support
+
+    real = vllm_support.module_source
+
+    def copy(module):
+        return version_file if module == "vllm._version" else real(module)
+
+    monkeypatch.setattr(vllm_support, "module_source", copy)
+    assert vllm_support.imported_vllm_version() == read
+    problem = cli._vllm_problem()
+    if read == "0.33.0":
+        assert problem is None
+    else:
+        assert problem.startswith(f"vLLM {read} is imported from "), problem
+
+
+@pytest.mark.parametrize(
     "arg",
     ["--log-level=WARNING", "--log-level", "--log-l", "--logging-config.log_level=ERROR",
      "--logging_config={}", "--log-config-file=x.json"],

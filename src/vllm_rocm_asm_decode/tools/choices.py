@@ -649,7 +649,9 @@ def servers_logging_problem() -> str | None:
     try:
         configured = bool(int(configure))  # as vLLM reads it
     except ValueError:
-        return f"VLLM_CONFIGURE_LOGGING={configure!r} is not an integer (vLLM fails on it)"
+        return (
+            f"VLLM_CONFIGURE_LOGGING={configure!r} is not an integer (vLLM fails on it); unset it"
+        )
     if not configured:
         return (
             f"VLLM_CONFIGURE_LOGGING={configure!r} leaves the servers without vLLM's log "

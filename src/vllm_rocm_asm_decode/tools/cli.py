@@ -709,7 +709,9 @@ def _bench_serve(args: argparse.Namespace) -> int:
     unconfirmed = [f"{a.arm} repeat {a.repeat}" for a in outcome.arms if not a.confirmed]
     doubt = (
         f"could not confirm the arm of {', '.join(unconfirmed)} from its server log (see "
-        "above); the comparison may not be what it says"
+        "above); the comparison may not be what it says: see that the servers log at "
+        "INFO (VLLM_LOGGING_CONFIG_PATH) and load the plugin, then rerun with another "
+        "--result-dir"
         if unconfirmed
         else None
     )

@@ -13,8 +13,8 @@ and reported; a second Ctrl-C while a server stops kills its process group at on
 Each server's log is read once it is healthy to confirm the arm: the asm-decode arm must
 log the plugin's registration and its "N of M layers eligible" line with N > 0, the
 baseline the plugin's "inactive" line with its switch. A run whose arm cannot be
-confirmed (the lines are missing, e.g. with VLLM_LOGGING_LEVEL above INFO) is reported
-as unconfirmed.
+confirmed (the lines are missing, e.g. under a logging configuration of the user's own)
+is reported as unconfirmed; logging settings that would hide them are refused first.
 """
 
 from __future__ import annotations
