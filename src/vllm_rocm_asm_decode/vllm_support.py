@@ -238,6 +238,20 @@ def same_vllm_build(imported: str | None, installed: str | None) -> bool:
         return imported == installed
 
 
+def another_vllm_first(
+    imported: str | None, where: str | None, installed: str | None
+) -> str | None:
+    """Why the vLLM imported from ``where`` is not the installed distribution the plugin
+    judges, in one line; None when they are one build (:func:`same_vllm_build`)."""
+    if same_vllm_build(imported, installed):
+        return None
+    return (
+        f"vLLM {imported} is imported from {where or '?'}, but the installed vllm "
+        f"distribution is {installed or 'missing'}: the plugin judges vLLM by the "
+        "distribution, not the code that runs; keep one vLLM on the path"
+    )
+
+
 def version_mismatch(version: str | None) -> str | None:
     """Why ``version`` is not a vLLM this release extends; None when it is. Any 0.33
     release, pre-release or local build counts (``0.33.0+rocm722``, ``0.33.1.dev4``)."""

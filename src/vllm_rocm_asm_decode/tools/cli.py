@@ -802,24 +802,21 @@ def _vllm_problem() -> str | None:
     what the plugin builds on moved), read from its source before any of it is imported
     (``plan``, ``bench kernel`` and ``check accuracy`` ask it once their own input is
     judged; ``doctor`` reports it as a check); None when it is."""
+    from importlib.util import find_spec
+
     from ..vllm_support import (
+        another_vllm_first,
         imported_vllm_version,
         installed_vllm_version,
-        same_vllm_build,
         vllm_mismatch,
     )
 
     imported, installed = imported_vllm_version(), installed_vllm_version()
-    if None not in (imported, installed) and not same_vllm_build(imported, installed):
-        from importlib.util import find_spec
-
+    if None not in (imported, installed):  # else vllm_mismatch says it is not installed
         spec = find_spec("vllm")
-        where = list(spec.submodule_search_locations or []) if spec else []
-        return (
-            f"vLLM {imported} is imported from {where[0] if where else '?'}, but the "
-            f"installed vllm distribution is {installed}: the plugin judges vLLM by the "
-            "distribution, not the code that runs; keep one vLLM on the path"
-        )
+        where = next(iter(spec.submodule_search_locations or []), None) if spec else None
+        if first := another_vllm_first(imported, where, installed):
+            return first
     mismatch = vllm_mismatch()
     if mismatch is None:
         return None

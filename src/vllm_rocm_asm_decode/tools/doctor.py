@@ -224,7 +224,7 @@ def kernel_rows(table: KernelTable) -> list[dict[str, Any]]:
 def environment() -> Report:
     """The environment part: everything but the GPU self-test."""
     from ..plugin import inactive_reason
-    from ..vllm_support import EXTENSION_POINTS, same_vllm_build, vllm_mismatch
+    from ..vllm_support import EXTENSION_POINTS, another_vllm_first, vllm_mismatch
     from .validation.gpu import rocm_gpu_problem
 
     checks: list[Check] = []
@@ -247,14 +247,8 @@ def environment() -> Report:
 
     vllm_version, vllm_path = _imported_vllm()
     distribution = _version("vllm")
-    if not same_vllm_build(vllm_version, distribution):  # another vLLM first on the path
-        vllm_check = Check(
-            "vllm",
-            False,
-            f"vLLM {vllm_version} is imported from {vllm_path}, but the installed vllm "
-            f"distribution is {distribution or 'missing'}: the plugin judges vLLM by the "
-            "distribution's version, not the code that runs; keep one vLLM on the path",
-        )
+    if first := another_vllm_first(vllm_version, vllm_path, distribution):
+        vllm_check = Check("vllm", False, first)
     elif (mismatch := vllm_mismatch(vllm_version)) is not None:
         vllm_check = Check("vllm", False, f"{mismatch}; the plugin keeps stock ROCM_ATTN")
     else:
