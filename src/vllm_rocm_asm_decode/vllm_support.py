@@ -201,27 +201,11 @@ def imported_vllm_version() -> str | None:
     need not be the installed distribution), read from its ``_version.py`` without an
     import; ``"dev"``, as ``vllm.__version__`` then reads, where that file or its
     ``__version__`` string is not there; None where there is no vLLM package."""
-    import ast
+    from .vllm_version_file import version_in
 
     if module_source("vllm") is None:
         return None
-    source = module_source("vllm._version")
-    try:
-        tree = ast.parse(source or "")
-    except (SyntaxError, ValueError):
-        return "dev"
-    for node in tree.body:
-        if isinstance(node, ast.Assign):
-            targets, value = node.targets, node.value
-        elif isinstance(node, ast.AnnAssign) and node.value is not None:
-            targets, value = [node.target], node.value
-        else:
-            continue
-        names = {t.id for t in targets if isinstance(t, ast.Name)}
-        if "__version__" in names and isinstance(value, ast.Constant):
-            if isinstance(value.value, str):
-                return value.value
-    return "dev"
+    return version_in(module_source("vllm._version") or "") or "dev"
 
 
 def same_vllm_build(imported: str | None, installed: str | None) -> bool:

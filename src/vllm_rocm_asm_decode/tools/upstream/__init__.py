@@ -60,6 +60,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType, TracebackType
 
+from ...vllm_version_file import version_in
 from ..stopping import stopped_by
 from .source import SPDX, Source, UpstreamError, departure
 from .stages import (
@@ -182,13 +183,8 @@ def tree_version(root: Path) -> tuple[str, str]:
     text = _read(version_file)
     # Generated (setuptools-scm) and ignored by git: no checkout restores it.
     _refuse_a_byte_order_mark(version_file, text, "delete the first character")
-    found = re.search(
-        r"^__version__\s*(?::\s*str\s*)?=\s*(?:version\s*=\s*)?['\"]([^'\"]+)['\"]",
-        text,
-        re.MULTILINE,
-    )
-    if found:
-        return found[1], "vllm/_version.py"
+    if (found := version_in(text)) is not None:
+        return found, "vllm/_version.py"
     said = re.search(r"^\s*(?:__version__|version)\b.*$", text, re.MULTILINE)
     raise UpstreamError(
         f"{version_file} gives no version string"
