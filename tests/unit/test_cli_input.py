@@ -781,7 +781,6 @@ def test_bench_serve_refuses_serve_args_that_set_the_servers_logging(arg, capsys
 def test_a_logging_config_of_the_users_own_decides_the_level(monkeypatch):
     """With VLLM_LOGGING_CONFIG_PATH vLLM applies the user's configuration, not the
     level: nothing to judge here (the arms' check reads the logs)."""
-    from vllm_rocm_asm_decode.tools import choices
 
     monkeypatch.setenv("VLLM_LOGGING_LEVEL", "WARNING")
     assert "hides the INFO lines" in choices.plugin_settings_problem()
