@@ -60,6 +60,17 @@ def test_a_max_model_len_past_the_validated_40960_keeps_hip():
     assert any("with --max-model-len 40960 or less" in n for n in plan.notes)
 
 
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8_e5m2"])
+def test_a_kv_cache_the_kernel_cannot_read_says_which_one_it_reads(kv_cache_dtype):
+    """(trial 12) The plan says how to get asm, not only that every layer keeps HIP."""
+    plan = make_plan(model="qwen3-8b", gpu="mi355x", kv_cache_dtype=kv_cache_dtype)
+    assert not plan.eligible and plan.reasons == [f"{kv_cache_dtype} KV cache"]
+    assert f"--kv-cache-dtype {kv_cache_dtype} keeps every layer on HIP" in plan.notes[-1]
+    assert plan.notes[-1].endswith("reads an fp8 e4m3 cache (--kv-cache-dtype fp8)")
+    fp8 = make_plan(model="qwen3-8b", gpu="mi355x", kv_cache_dtype="fp8")
+    assert fp8.eligible and not any("--kv-cache-dtype" in n for n in fp8.notes)
+
+
 def test_tp2_halves_the_heads_and_moves_the_crossover():
     tp1 = make_plan(model="qwen3-8b", gpu="mi355x")
     tp2 = make_plan(model="qwen3-8b", gpu="mi355x", tensor_parallel_size=2)

@@ -573,6 +573,20 @@ def test_help_and_usage_errors_import_neither_torch_nor_vllm():
     assert loaded == ["LOADED False False"], out.stderr[-2000:]
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [["upstream"], ["bench", "kernel"], ["bench", "serve"], ["check", "accuracy"],
+     ["check", "passkey"], ["reproduce"], ["doctor"], ["plan"]],
+    ids=lambda argv: "-".join(argv),
+)  # fmt: skip
+def test_help_shows_no_docstring_markup(argv, capsys):
+    """(trial 12) --help prints the module's docstring as a terminal reads it."""
+    with pytest.raises(SystemExit) as done:
+        main([*argv, "--help"])
+    out = capsys.readouterr().out
+    assert done.value.code == 0 and "``" not in out and len(out.splitlines()) > 5
+
+
 class _PasskeyServer:
     """A server on 127.0.0.1 for ``check passkey``: each connection is read to the end of
     its request, then answered with ``answer``, bytes sent as they are (any status line,
@@ -662,8 +676,23 @@ def _passkey(url: str, *options: str) -> int:
             "(the server serves another model: is --model the name it was started with?)",
         ),
         (_http(b"Not Found", "404 Not Found"), "is --base-url the vLLM server's?"),
+        (
+            _http(
+                b"<!DOCTYPE HTML>\n<html><body>" + b"x" * 400,
+                "501 Unsupported method",
+                "Content-Type: text/html;charset=utf-8",
+            ),
+            "HTTP 501: Unsupported method (an HTML page) (no vLLM completions endpoint at",
+        ),
     ],
-    ids=["empty-choices", "not-json", "http-400", "404-another-model", "404-no-endpoint"],
+    ids=[
+        "empty-choices",
+        "not-json",
+        "http-400",
+        "404-another-model",
+        "404-no-endpoint",
+        "html-page",
+    ],
 )
 def test_passkey_server_answers_that_are_not_completions(answer, message, capsys):
     with _PasskeyServer(answer) as server:
@@ -776,6 +805,24 @@ def test_bench_serve_refuses_serve_args_that_set_the_servers_logging(arg, capsys
     assert run(argv) == 2
     (line,) = capsys.readouterr().err.splitlines()
     assert f"--serve-arg {arg}: --log" in line and "for more, set VLLM_LOGGING_LEVEL=DEBUG" in line
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--baseline", "none"], "--baseline 'none': use plugin-off or mha-off"),
+        (["--concurrency", "1,8", "--num-prompts", "8"], "2 concurrencies but 1 --num-prompts"),
+        (["--dataset", "sharegpt"], "--dataset sharegpt needs --dataset-path"),
+        (["--serve-arg", "--port=1"], "--serve-arg --port=1: bench serve sets --port itself"),
+    ],
+    ids=["baseline", "concurrencies", "dataset", "serve-arg"],
+)
+def test_bench_serve_says_its_own_mistakes_before_what_the_machine_lacks(argv, says, capsys):
+    """(trial 12) A mistake in the command is said first, not hidden behind a vLLM
+    missing from PATH (which the user fixes only to meet the next mistake)."""
+    assert run(["bench", "serve", "--model", "m", "--vllm", "no-such-vllm", *argv]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert says in line and "no such executable" not in line, line
 
 
 def test_a_logging_config_of_the_users_own_decides_the_level(monkeypatch):

@@ -237,6 +237,26 @@ def test_a_failing_step_is_reported_as_failed_and_retried_by_a_rerun(resumed, tm
 
 
 @pytest.mark.parametrize(
+    ("cue", "code", "said"),
+    [
+        ("1", 1, "doctor exited with 1: FAIL selftest-accuracy-bfloat16: max error 0.9"),
+        ("2", 2, "doctor exited with 2: self-test not run: no ROCm GPU; reproduce needs a "
+         "gfx942/gfx950 GPU with AITER"),
+    ],
+    ids=["a-check-fails", "no-gpu"],
+)  # fmt: skip
+def test_doctor_stops_the_run_and_a_machine_it_cannot_test_exits_2(tmp_path, cue, code, said):
+    """(trial 12) Where doctor's self-test cannot run (no gfx942/gfx950 GPU, no AITER),
+    the run cannot happen here: exit 2, as for bench kernel, with doctor's reason."""
+    out = tmp_path / "out"
+    proc = run(out, free_port(), FAKE_DOCTOR_FAIL=cue)
+    assert proc.returncode == code, proc.stderr
+    last = proc.stderr.splitlines()[-1]
+    assert last.startswith(f"vllm-rocm-asm-decode reproduce: stopped: doctor failed ({said}"), last
+    assert "| serve-random | not run |" in (out / "report.md").read_text()
+
+
+@pytest.mark.parametrize(
     ("sig", "code", "said"),
     [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated (SIGTERM)")],
     ids=["ctrl-c", "sigterm"],

@@ -581,6 +581,7 @@ def test_a_moved_anchor_stops_with_one_line_and_writes_nothing(tree, capsys, cas
     assert code == 2 and out == ""
     assert err.count("\n") == 1 and err.startswith("vllm-rocm-asm-decode upstream: error: ")
     assert f"{rel}: anchor moved: {anchor}" in err, err
+    assert err.rstrip().endswith(f"own: copy {rel} from an unmodified vLLM 0.33.x)"), err
     assert snapshot(tree) == before
 
 

@@ -248,7 +248,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _module_doc(module: str) -> str:
     """A tools module's docstring, read from its source without importing it (the
-    validation modules import torch)."""
+    validation modules import torch), as a terminal shows it: ``code`` marks dropped."""
     import ast
     from importlib.util import find_spec
 
@@ -256,7 +256,8 @@ def _module_doc(module: str) -> str:
     if spec is None or spec.origin is None:
         return ""
     with open(spec.origin, encoding="utf-8") as f:
-        return (ast.get_docstring(ast.parse(f.read())) or "").strip()
+        doc = (ast.get_docstring(ast.parse(f.read())) or "").strip()
+    return doc.replace("``", "")
 
 
 def _stage(text: str) -> int:
@@ -648,16 +649,14 @@ def _plan(args: argparse.Namespace) -> int:
 
 
 def _bench_serve(args: argparse.Namespace) -> int:
-    import socket
     from pathlib import Path
 
     from .validation import serve_bench as sb
 
-    # What can be judged before starting servers for an hour.
-    problem, inputs = None, _serve_inputs(args)
-    if why := choices.not_executable(args.vllm, "is vLLM installed and on PATH?"):
-        problem = f"--vllm {args.vllm}: {why}"
-    elif why := sb.dataset_problem(args.dataset, args.dataset_path):
+    # What can be judged before starting servers for an hour: the command's own
+    # mistakes first, then what this machine lacks.
+    problem, inputs, cfg = None, _serve_inputs(args), None
+    if why := sb.dataset_problem(args.dataset, args.dataset_path):
         problem = why  # before the result paths, which may lie in a directory given as it
     elif args.dataset != "random" and (args.input_len or args.output_len):
         given = "--input-len" if args.input_len else "--output-len"
@@ -668,32 +667,24 @@ def _bench_serve(args: argparse.Namespace) -> int:
         problem = f"--result-dir {args.result_dir} is in {read}, which the run reads; give another"
     elif why := _result_files_problem(args.json, args.plot, (args.result_dir, sb.OWN_FILE), inputs):
         problem = why
-    elif bad := choices.plugin_settings_problem():
-        problem = bad
     else:
         try:
-            socket.getaddrinfo(args.host, args.port)
-        except (OSError, UnicodeError) as exc:  # UnicodeError: a label over 63 bytes
-            why = getattr(exc, "strerror", None) or exc
-            problem = f"--host {args.host!r} does not resolve ({why})"
-        else:
-            problem = _port_taken(args.host, args.port)
-    if problem:
+            cfg = sb.ServeConfig(
+                model=args.model, baseline=args.baseline,
+                tensor_parallel_size=args.tensor_parallel_size, concurrencies=args.concurrency,
+                num_prompts=args.num_prompts, repeats=args.repeats, host=args.host,
+                port=args.port, input_len=args.input_len or sb.RANDOM_LEN,
+                output_len=args.output_len or sb.RANDOM_LEN, max_model_len=args.max_model_len,
+                gpu_memory_utilization=args.gpu_memory_utilization,
+                result_dir=Path(args.result_dir), vllm=args.vllm, serve_args=args.serve_arg,
+                health_timeout=args.health_timeout, dataset=args.dataset,
+                dataset_path=None if args.dataset_path is None else Path(args.dataset_path),
+            )  # fmt: skip
+        except ValueError as exc:
+            problem = str(exc)
+    problem = problem or _serve_machine_problem(args)
+    if problem or cfg is None:
         print(f"{PROG} bench serve: error: {problem}", file=sys.stderr)
-        return 2
-    try:
-        cfg = sb.ServeConfig(
-            model=args.model, baseline=args.baseline,
-            tensor_parallel_size=args.tensor_parallel_size, concurrencies=args.concurrency,
-            num_prompts=args.num_prompts, repeats=args.repeats, host=args.host, port=args.port,
-            input_len=args.input_len or sb.RANDOM_LEN, output_len=args.output_len or sb.RANDOM_LEN,
-            max_model_len=args.max_model_len, gpu_memory_utilization=args.gpu_memory_utilization,
-            result_dir=Path(args.result_dir), vllm=args.vllm, serve_args=args.serve_arg,
-            health_timeout=args.health_timeout, dataset=args.dataset,
-            dataset_path=None if args.dataset_path is None else Path(args.dataset_path),
-        )  # fmt: skip
-    except ValueError as exc:
-        print(f"{PROG} bench serve: error: {exc}", file=sys.stderr)
         return 2
     if earlier := sb.earlier_run_files(cfg.result_dir):  # after the command's own mistakes
         print(
@@ -749,6 +740,23 @@ def _bench_serve(args: argparse.Namespace) -> int:
         print(f"{PROG} bench serve: error: {doubt}", file=sys.stderr)
         return 1
     return 0
+
+
+def _serve_machine_problem(args: argparse.Namespace) -> str | None:
+    """What this machine lacks for ``bench serve``'s servers (the vLLM program, valid
+    plugin settings, the host and a free port); None when nothing."""
+    import socket
+
+    if why := choices.not_executable(args.vllm, "is vLLM installed and on PATH?"):
+        return f"--vllm {args.vllm}: {why}"
+    if bad := choices.plugin_settings_problem():
+        return bad
+    try:
+        socket.getaddrinfo(args.host, args.port)
+    except (OSError, UnicodeError) as exc:  # UnicodeError: a label over 63 bytes
+        why = getattr(exc, "strerror", None) or exc
+        return f"--host {args.host!r} does not resolve ({why})"
+    return _port_taken(args.host, args.port)
 
 
 def _say(line: str) -> None:

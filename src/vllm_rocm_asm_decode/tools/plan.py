@@ -25,7 +25,7 @@ from typing import Any
 
 from .. import settings
 from ..aiter_version import FIRST_FIXED, AiterBuild, describe, installed_version, safe_blocks
-from ..core import ASM_MAX_MODEL_LEN, use_asm_decode
+from ..core import ASM_KV_DTYPES, ASM_MAX_MODEL_LEN, use_asm_decode
 from ..eligibility import (
     VALIDATED_CONTEXT,
     default_cut,
@@ -724,6 +724,11 @@ def make_plan(
         notes.append(
             f"only max_model_len keeps HIP: with --max-model-len {ASM_MAX_MODEL_LEN} or less "
             "(what the original change served) every layer is eligible"
+        )
+    if not any_eligible and kv_cache_dtype not in ASM_KV_DTYPES:
+        notes.append(
+            f"--kv-cache-dtype {kv_cache_dtype} keeps every layer on HIP: the asm decode reads an "
+            "fp8 e4m3 cache (--kv-cache-dtype fp8)"
         )
     if any_eligible and model_config.max_model_len > VALIDATED_CONTEXT:
         notes.append(

@@ -39,5 +39,6 @@ Progress goes to stderr: a line as --vllm is asked its --version (up to two minu
 a line with the current step and an ETA, and one line per finished step. Ctrl-C stops
 the running server's process group and keeps what finished; the same command resumes.
 Exit status: 0 every step passed, 1 a step failed (or doctor stopped the run), 2 an
-input error, 130 interrupted.
+input error, or a machine where doctor's GPU self-test cannot run (no gfx942/gfx950 GPU,
+or no AITER: the report says so), 130 interrupted.
 """

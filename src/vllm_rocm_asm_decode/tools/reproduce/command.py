@@ -102,6 +102,7 @@ def main(args: argparse.Namespace) -> int:
     done = {n for n, r in records.items() if r is not None and r.ok}
     progress = Progress(steps, done)
     stopped: str | None = None
+    cannot_run = False  # doctor's self-test cannot run on this machine
     interrupted = ""  # what stopped the run: Ctrl-C or SIGTERM
     try:
         # vllm --version imports vLLM first (up to VERSION_SECONDS): said, and inside
@@ -145,12 +146,13 @@ def main(args: argparse.Namespace) -> int:
             progress.finish(step, rec, summary(step, rec))
             if step.gate and not rec.ok:
                 stopped = f"{step.name} failed ({error})"
+                cannot_run = (result or {}).get("exit_code") == 2  # no AMD GPU, no AITER
     except KeyboardInterrupt:  # Ctrl-C, or SIGTERM from the command line
         interrupted = stopped_by()
         stopped = f"{interrupted}: run the same command again to resume"
     finally:
         progress.close()
-    return _finish(store, settings, steps, records, stopped, interrupted)
+    return _finish(store, settings, steps, records, stopped, interrupted, cannot_run)
 
 
 def _out_error(out: str, exc: OSError) -> int:
@@ -174,9 +176,12 @@ def _readable(settings, steps, name: str, rec: StepRecord | None) -> StepRecord 
     return rec
 
 
-def _finish(store, settings, steps, records, stopped, interrupted: str) -> int:
+def _finish(
+    store, settings, steps, records, stopped, interrupted: str, cannot_run: bool = False
+) -> int:
     """The report of the steps so far; ``interrupted`` says what stopped the run ("" when
-    nothing did)."""
+    nothing did), ``cannot_run`` that it stopped because this machine cannot run it
+    (exit 2, as for an input error)."""
     run = report.Run(settings, steps, records, store.environments(), stopped=stopped)
     results = {n: (r.result if r is not None else None) for n, r in records.items()}
     try:
@@ -217,4 +222,6 @@ def _finish(store, settings, steps, records, stopped, interrupted: str) -> int:
     sys.stdout.flush()
     if interrupted:
         return 130
+    if cannot_run:
+        return 2
     return 1 if (failed or stopped) else 0

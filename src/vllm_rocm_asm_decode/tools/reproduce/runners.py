@@ -109,6 +109,12 @@ def doctor(step: Step, ctx: Context) -> dict[str, Any]:
         "checks": len(report.get("checks", [])),
         "failed_checks": failed,
     }
+    if code == 2:  # doctor's GPU self-test cannot run on this machine
+        raise StepError(
+            f"doctor exited with 2: self-test {report.get('self_test')}; reproduce needs a "
+            "gfx942/gfx950 GPU with AITER",
+            result,
+        )
     if code != 0:
         why = failed[0] if failed else f"self-test {report.get('self_test')}"
         raise StepError(f"doctor exited with {code}: FAIL {why}", result)

@@ -179,7 +179,8 @@ class Source:
 
     def moved(self, anchor: str) -> UpstreamError:
         return UpstreamError(
-            f"{self.path}: anchor moved: {anchor} (this change is written for vLLM 0.33.x)"
+            f"{self.path}: anchor moved: {anchor} (this change is written for vLLM 0.33.x; "
+            f"if the file was edited, start from vLLM's own: {self.restore})"
         )
 
     def find(self, *path: str) -> ast.ClassDef | ast.FunctionDef:

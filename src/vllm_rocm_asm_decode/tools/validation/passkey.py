@@ -309,7 +309,13 @@ def _http_error(exc: urllib.error.HTTPError, url: str, via: str, timeout: float)
         return f"HTTP {exc.code}{via} (its body could not be read: {_why_unread(error, timeout)})"
     detail = " ".join(detail.split())[:300] or str(exc.reason)
     hint = ""
-    if exc.code == 404 and "does not exist" in detail:  # vLLM's word for another model
+    kind = exc.headers.get_content_type() if exc.headers is not None else ""
+    if kind == "text/html":  # a web page, not vLLM's JSON error: its status line says it
+        detail = f"{exc.reason} (an HTML page)"
+        hint = (
+            f" (no vLLM completions endpoint at {printable(url)}: is --base-url the vLLM server's?)"
+        )
+    elif exc.code == 404 and "does not exist" in detail:  # vLLM's word for another model
         hint = " (the server serves another model: is --model the name it was started with?)"
     elif exc.code == 404:
         hint = f" (no completions endpoint at {printable(url)}: is --base-url the vLLM server's?)"

@@ -110,10 +110,10 @@ class Model(torch.nn.Module):
     def reload(self, *scales):  # new K and V scales through vLLM's in-place reload
         reload_weights(self.config, self, kv_scales(*scales), None, True)
 
-    def run(self, query, meta, out=None):  # NaN for vLLM's torch.empty
+    def run(self, query, meta, out=None, scale=None):  # NaN for vLLM's torch.empty
         out = torch.full_like(query, torch.nan) if out is None else out
-        kv = query[:, : self.attn.num_kv_heads]  # unread
-        self.attn.impl.forward(self.attn, query, kv, kv, self.attn.kv_cache, meta, out)
+        kv, layer = query[:, : self.attn.num_kv_heads], self.attn  # kv: unread
+        layer.impl.forward(layer, query, kv, kv, layer.kv_cache, meta, out, scale)
         return out
 
 
@@ -131,33 +131,33 @@ def common(seq_lens, pages, query_lens=None):  # by default one query token a re
     return CommonAttentionMetadata(**gpu, **host, max_seq_len=max(seq_lens))
 
 
-def decode(path, heads=40, kvh=8, dtype=torch.bfloat16, **kw):
-    """A decode step just above the cut, then PAD rows of FULL-graph padding."""
-    n = 2 * platform_utils.num_compute_units() // heads + 1
-    seq_lens = [CONTEXTS[i % len(CONTEXTS)] for i in range(n)] + [0] * PAD
-    free = (torch.randperm(sum(cdiv(s, BLOCK) for s in seq_lens)) + 1).tolist()
-    model = Model(path, heads, kvh, len(free) + 1, dtype, **kw)
-    pages = [[free.pop() for _ in range(cdiv(s, BLOCK))] for s in seq_lens]
-    qkv = torch.randn(n + PAD, heads + 2 * kvh, HEAD, dtype=dtype, device=DEVICE)
-    return model, common(seq_lens, pages), qkv[:, :heads]  # a view, as vLLM's
-
-
 @requires_asm
 @pytest.mark.parametrize("gqa", range(1, 9))
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 def test_every_admitted_gqa_ratio(tmp_path, gqa, dtype):
-    """K/V scales 0.5/2 (a swap is off 4x, a loss 2x), then V's alone moves, then both:
-    the graph follows. Padding rows stay finite (a fused output quant reads them)."""
+    """A step above the cut, then PAD rows of FULL-graph padding. K/V scales 0.5/2 (a
+    swap is off 4x, a loss 2x), then V's alone moves, then both: the graph follows. The
+    kernel writes padding rows finite (a dynamic quant after attention reads them)."""
     import aiter
 
-    model, step, query = decode(tmp_path, 8 * gqa, 8, dtype=dtype)
+    heads, n = 8 * gqa, 2 * platform_utils.num_compute_units() // (8 * gqa) + 1
+    seq_lens = [CONTEXTS[i % len(CONTEXTS)] for i in range(n)] + [0] * PAD
+    pages = [cdiv(s, BLOCK) for s in seq_lens]
+    free = (torch.randperm(sum(pages)) + 1).tolist()
+    model = Model(tmp_path, heads, 8, len(free) + 1, dtype)
+    step = common(seq_lens, [[free.pop() for _ in range(p)] for p in pages])
+    qkv = torch.randn(n + PAD, heads + 16, HEAD, dtype=dtype, device=DEVICE)
+    query = qkv[:, :heads]  # a view, as vLLM's
     metadata = model.builder.build_for_cudagraph_capture(step)
     metadata.seq_lens.copy_(step.seq_lens_cpu_upper_bound)  # as vLLM's runner does
     step.query_start_loc.copy_(step.query_start_loc_cpu)
     out, graph = torch.zeros_like(query), torch.cuda.CUDAGraph()  # padding rows: 0
     with mock.patch.object(aiter, "pa_fwd_asm", wraps=aiter.pa_fwd_asm) as pa:
         model.run(query, metadata, out)  # warm up
+        with mock.patch.object(rocm_attn, "chunked_prefill_paged_decode") as stock:
+            model.run(query, metadata, out, torch.ones((), device=DEVICE))
     assert [call.kwargs["high_precision"] for call in pa.call_args_list] == [2]
+    assert stock.called  # an output quant fused into attention: HIP
     with torch.cuda.graph(graph):
         model.run(query, metadata, out)
     for k, v in ((0.5, 2.0), (0.5, 0.5), (0.25, 4.0)):
@@ -204,11 +204,12 @@ def test_the_builder_decides_on_host_integers(tmp_path, gfx942):
         builder.build(0, step)
     assert (k == model.attn._k_scale).all() and (v == model.attn._v_scale).all()
     assert k.shape == v.shape == (2, 8, BLOCK)  # [blocks, KV heads, slots]
-    model.reload((0.5, 2.0), (0.25, 2.0))
+    model.reload((0.25, 2.0), (0.5, 2.0))  # layers.0 parts: HIP; layers.1 keeps its K
     with mock.patch.object(rocm_attn.logger, "error") as error:  # one line
-        assert eager.build(0, step).asm_scales.keys() == {model.attn}  # layers.1: HIP
-    assert error.call_count == 1 and "layers.1 left" in str(error.call_args)
-    with pytest.raises(RuntimeError, match=r"layers\.1 left .* restart with"):
+        [(layer, (k, v))] = eager.build(0, step).asm_scales.items()
+    assert layer is model.layers[1] and (k == layer._k_scale).all()
+    assert error.call_count == 1 and "layers.0 left" in str(error.call_args)
+    with pytest.raises(RuntimeError, match=r"layers\.0 left .* restart with"):
         model.builder.build(0, step)
 
 
