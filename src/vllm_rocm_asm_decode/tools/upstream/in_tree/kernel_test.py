@@ -135,9 +135,9 @@ def common(seq_lens, pages, query_lens=None):  # by default one query token a re
 @pytest.mark.parametrize("gqa", range(1, 9))
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 def test_every_admitted_gqa_ratio(tmp_path, gqa, dtype):
-    """A step above the cut, then PAD rows of FULL-graph padding. K/V scales 0.5/2 (a
-    swap is off 4x, a loss 2x), then V's alone moves, then both: the graph follows. The
-    kernel writes padding rows finite (a dynamic quant after attention reads them)."""
+    """A step above the cut, then PAD rows of FULL-graph padding, left as they were or
+    written finite (a dynamic quant after attention reads them). K/V scales 0.5/2 (a
+    swap is off 4x, a loss 2x), then V's alone moves, then both: the graph follows."""
     import aiter
 
     heads, n = 8 * gqa, 2 * platform_utils.num_compute_units() // (8 * gqa) + 1
@@ -206,9 +206,14 @@ def test_the_builder_decides_on_host_integers(tmp_path, gfx942):
     assert k.shape == v.shape == (2, 8, BLOCK)  # [blocks, KV heads, slots]
     model.reload((0.25, 2.0), (0.5, 2.0))  # layers.0 parts: HIP; layers.1 keeps its K
     with mock.patch.object(rocm_attn.logger, "error") as error:  # one line
-        [(layer, (k, v))] = eager.build(0, step).asm_scales.items()
+        metadata = eager.build(0, step)
+    [(layer, (k, v))] = metadata.asm_scales.items()
     assert layer is model.layers[1] and (k == layer._k_scale).all()
     assert error.call_count == 1 and "layers.0 left" in str(error.call_args)
+    hip = mock.patch.object(rocm_attn, "chunked_prefill_paged_decode")
+    with hip as stock, mock.patch.object(rocm_aiter_ops, "pa_fwd_asm") as pa:
+        model.run(torch.zeros(n + 1, 16, HEAD, device=DEVICE), metadata)  # layers.0
+    assert metadata.use_asm_decode and stock.called and not pa.called
     with pytest.raises(RuntimeError, match=r"layers\.0 left .* restart with"):
         model.builder.build(0, step)
 
@@ -255,7 +260,9 @@ def rule(path, head=HEAD, block=BLOCK, lbhnc=False, mi3xx=True, model=None, n=4,
 EDGE = dict(num_heads=64, kv_cache_dtype="fp8_e4m3")  # GQA 8, fp16, 40960
 EDGE |= dict(model=dict(dtype=torch.float16, max_model_len=40960))
 WRONG = dict(mi3xx=False, kv_cache_dtype="fp8_e5m2", block=32, head=256, num_heads=72)
-WRONG |= dict(scale=0.1, sliding_window=64, alibi_slopes=[0.5] * 72, lbhnc=True)
+WRONG |= dict(
+    scale=1.001 / 256**0.5, sliding_window=64, alibi_slopes=[0.5] * 72, lbhnc=True
+)
 WRONG |= dict(logits_soft_cap=30.0, sinks=torch.zeros(72), n=2**22)  # 2**25 block-heads
 WRONG |= dict(model=dict(dtype=torch.float32, max_model_len=40961))
 RULE = {"fp16-e4m3-gqa8-40960": (EDGE, 0), "every-clause": (WRONG, 14)}
