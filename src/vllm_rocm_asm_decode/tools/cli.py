@@ -745,18 +745,13 @@ def _bench_serve(args: argparse.Namespace) -> int:
 def _serve_machine_problem(args: argparse.Namespace) -> str | None:
     """What this machine lacks for ``bench serve``'s servers (the vLLM program, valid
     plugin settings, the host and a free port); None when nothing."""
-    import socket
+    from .validation.serve_bench import host_problem
 
     if why := choices.not_executable(args.vllm, "is vLLM installed and on PATH?"):
         return f"--vllm {args.vllm}: {why}"
     if bad := choices.plugin_settings_problem():
         return bad
-    try:
-        socket.getaddrinfo(args.host, args.port)
-    except (OSError, UnicodeError) as exc:  # UnicodeError: a label over 63 bytes
-        why = getattr(exc, "strerror", None) or exc
-        return f"--host {args.host!r} does not resolve ({why})"
-    return _port_taken(args.host, args.port)
+    return host_problem(args.host, args.port) or _port_taken(args.host, args.port)
 
 
 def _say(line: str) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 from collections.abc import Callable
 from pathlib import Path
 
@@ -218,10 +217,8 @@ def problem(args: argparse.Namespace, stored: dict | None) -> str | None:
     switch = f"{plugin_settings.SWITCH_ENV}="
     if bad := [p for p in plugin_settings.problems() if p.startswith(switch)]:
         return f"{bad[0]} (its doctor step reads it; the serving arms set their own)"
-    try:
-        socket.getaddrinfo(args.host, args.port)
-    except (OSError, UnicodeError) as exc:
-        return f"--host {args.host!r} does not resolve ({getattr(exc, 'strerror', None) or exc})"
+    if why := sb.host_problem(args.host, args.port):
+        return why
     if why := sb.listen_problem(args.host, args.port):
         return (
             f"--host {args.host} --port {args.port}: cannot listen there ({why}); a server "

@@ -360,6 +360,16 @@ def confirm_arm(arm: str, log_text: str) -> tuple[bool, str]:
     return False, "no 'ROCM_ATTN asm decode plugin inactive' line in the log"
 
 
+def host_problem(host: str, port: int) -> str | None:
+    """Why ``--host`` names no address for the servers (it does not resolve), in one
+    line; None when it resolves."""
+    try:
+        socket.getaddrinfo(host, port)
+    except (OSError, UnicodeError) as exc:  # UnicodeError: a name label over 63 bytes
+        return f"--host {host!r} does not resolve ({getattr(exc, 'strerror', None) or exc})"
+    return None
+
+
 def listen_problem(host: str, port: int) -> str | None:
     """Why a server could not listen on ``host:port`` (something holds it, or the host
     is not this machine's), in the address family of the host (IPv6 for ``::1``); None
