@@ -248,16 +248,23 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _module_doc(module: str) -> str:
     """A tools module's docstring, read from its source without importing it (the
-    validation modules import torch), as a terminal shows it: ``code`` marks dropped."""
+    validation modules import torch), as a terminal shows it: ``code`` marks dropped.
+    Only the file's first string is tokenized: every command builds every subcommand's
+    parser, and compiling the seven modules took 70 ms of each start."""
     import ast
+    import inspect
+    import tokenize
     from importlib.util import find_spec
 
     spec = find_spec(f"{__package__}.{module}")
     if spec is None or spec.origin is None:
         return ""
-    with open(spec.origin, encoding="utf-8") as f:
-        doc = (ast.get_docstring(ast.parse(f.read())) or "").strip()
-    return doc.replace("``", "")
+    skipped = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.ENCODING}
+    with tokenize.open(spec.origin) as f:
+        first = next(t for t in tokenize.generate_tokens(f.readline) if t.type not in skipped)
+    if first.type != tokenize.STRING:
+        return ""
+    return inspect.cleandoc(ast.literal_eval(first.string)).strip().replace("``", "")
 
 
 def _stage(text: str) -> int:
