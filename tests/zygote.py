@@ -22,6 +22,7 @@ is forked, then ``{"pid", "code"}`` when it ends. End of stdin ends this process
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import select
@@ -105,6 +106,10 @@ def _child(request: dict, wakeup: tuple[int, int], own_path: list[str]) -> None:
 def main() -> None:
     for name in PRELOAD:
         __import__(name)
+    # What was preloaded stays out of the children's collector passes (which would walk
+    # it through every full pass of vLLM's import) and so out of copy-on-write too.
+    gc.collect()
+    gc.freeze()
     here = os.path.dirname(os.path.abspath(__file__))
     inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     own_path = [p for p in sys.path[1:] if p not in inherited and p != here]

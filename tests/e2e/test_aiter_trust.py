@@ -48,7 +48,7 @@ def decode_batch(model, seed=0):
     ("version", "num_blocks", "asm"),
     [
         ("0.1.16.post5", LARGE_POOL, False),
-        (None, LARGE_POOL, False),
+        pytest.param(None, LARGE_POOL, False, marks=pytest.mark.slow),  # old-large's path
         ("0.1.20", LARGE_POOL, True),
         ("0.1.16.post5", 4096, True),
         (None, 4096, True),

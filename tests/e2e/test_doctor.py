@@ -33,9 +33,11 @@ background.declare(
     ["test_plain_machine_without_rocm_or_aiter_reports_and_exits_2"],
     lambda env: harness.run_console("doctor", "--json", env=env),
     seconds=6,
+    slow=True,  # a whole command in a fresh process
 )
 
 
+@pytest.mark.slow
 def test_plain_machine_without_rocm_or_aiter_reports_and_exits_2():
     """The installed command in a plain environment (no stand-ins): this CPU machine."""
     proc = background.result("doctor-plain")
@@ -222,6 +224,7 @@ def test_fp16_is_named_unproven_until_the_probe_runs(aiter_version, capsys):
     assert fp16["ok"] and "fp16 queries keep the HIP decode" in fp16["detail"]
 
 
+@pytest.mark.slow  # a second whole self-test: test_selftest.py runs the probe
 def test_self_test_on_an_old_aiter_fails_the_probe_and_exits_1(aiter_version, gpu_here):
     aiter_version("0.1.16.post5")  # the stand-in then misreads blocks >= 65536
     report = run_doctor()
@@ -232,6 +235,7 @@ def test_self_test_on_an_old_aiter_fails_the_probe_and_exits_1(aiter_version, gp
     assert not by_name["aiter-block-id-fix"].ok
 
 
+@pytest.mark.slow  # a second whole self-test: test_page_span.py runs the probe
 def test_a_kernel_that_misreads_far_pages_fails_the_page_span_probe(aiter_version, gpu_here):
     """The stand-in's default: pages of one wave 2 GiB apart are read at the offset
     wrapped to 32 bits (AITER's rebase, unproven on hardware)."""
@@ -245,6 +249,7 @@ def test_a_kernel_that_misreads_far_pages_fails_the_page_span_probe(aiter_versio
     assert by_name["selftest-block-id"].ok
 
 
+@pytest.mark.slow  # a second whole self-test
 def test_an_old_version_that_passes_the_probe_is_cleared_for_trust(
     aiter_version, gpu_here, monkeypatch
 ):
@@ -329,8 +334,13 @@ def test_the_switch_is_shown_as_written(aiter_version, monkeypatch, capsys):
     [
         ("foo", "VLLM_PLUGINS='foo'", False),
         (" rocm_asm_decode", "VLLM_PLUGINS=' rocm_asm_decode'", True),
-        ("rocm_asm_decode ,foo", "VLLM_PLUGINS='rocm_asm_decode ,foo'", True),
-        ("foo, rocm_asm_decode", "VLLM_PLUGINS='foo, rocm_asm_decode'", True),
+        *(  # leading-space's path, the space elsewhere
+            pytest.param(*case, marks=pytest.mark.slow)
+            for case in (
+                ("rocm_asm_decode ,foo", "VLLM_PLUGINS='rocm_asm_decode ,foo'", True),
+                ("foo, rocm_asm_decode", "VLLM_PLUGINS='foo, rocm_asm_decode'", True),
+            )
+        ),
         ("", "VLLM_PLUGINS=''", False),
     ],
     ids=["other-plugin", "leading-space", "trailing-space", "space-after-comma", "empty"],
@@ -401,6 +411,7 @@ def test_a_good_logging_level_passes(aiter_version, monkeypatch):
     assert check.ok and check.detail == "VLLM_LOGGING_LEVEL='warning': vLLM logs at WARNING"
 
 
+@pytest.mark.slow  # a second whole self-test
 def test_a_bad_logging_level_fails_doctor_after_a_passed_self_test(
     aiter_version, gpu_here, monkeypatch
 ):

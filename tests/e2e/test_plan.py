@@ -238,9 +238,11 @@ background.declare(
     ["test_console_script_on_a_machine_without_rocm"],
     lambda env: harness.run_console("plan", "--json", env=env),
     seconds=12,
+    slow=True,  # a whole command in a fresh process
 )
 
 
+@pytest.mark.slow
 def test_console_script_on_a_machine_without_rocm():
     """Installed command, plain environment (no stand-ins): default preset on MI355X."""
     proc = background.result("plan-plain")

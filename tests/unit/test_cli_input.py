@@ -892,6 +892,7 @@ def test_the_heavy_commands_refuse_another_vllm_and_doctor_reports_it(monkeypatc
         )
 
 
+@pytest.mark.slow  # vLLM imported afresh, in a process of its own
 def test_doctor_imports_nothing_of_vllm_before_it_judges_it():
     """So that a vLLM missing what the plugin builds on is a FAIL line, not a traceback."""
     code = (
@@ -1113,6 +1114,7 @@ def run_with_closed(*argv: str, fd: int = 1) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow  # a process a case
 @pytest.mark.parametrize(
     ("argv", "env", "code", "out"),
     [
@@ -1205,6 +1207,7 @@ def test_bench_serve_writes_its_json_before_a_gone_reader_ends_it(tmp_path, monk
 # passkey: lazy prompts, replies and URLs (7, 9, 21)
 
 
+@pytest.mark.slow  # a server's replies timed
 def test_passkey_holds_only_the_prompts_in_flight():
     from vllm_rocm_asm_decode.tools.validation import passkey
 
@@ -1317,6 +1320,7 @@ def _trickle(head: bytes):
     return answer
 
 
+@pytest.mark.slow  # waits out its timeouts
 @pytest.mark.parametrize(
     "head",
     [b"HTTP/1.1 200 OK\r\nX-Slow: ", b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n"],

@@ -503,6 +503,7 @@ def test_cli_exit_codes_and_json(tmp_path, monkeypatch, capsys):
     assert "results so far kept" not in captured.err
 
 
+@pytest.mark.slow  # imports matplotlib
 def test_serve_plot(tmp_path):
     from vllm_rocm_asm_decode.tools.validation.plots import plot_serve
 

@@ -702,6 +702,7 @@ def test_the_git_hint_only_for_a_git_checkout(tree, capsys, monkeypatch, tmp_pat
     )
 
 
+@pytest.mark.slow  # two processes, one held
 def test_a_run_that_read_the_tree_keeps_the_next_run_out_until_it_has_written(tree, monkeypatch):
     """Run B (stage 1) has read the stock files and is about to write when run A (stage
     3) starts. Unlocked, A writes stage 3 and B then puts its stage-1 ``rocm_attn.py``
@@ -797,6 +798,7 @@ def test_the_pull_request_texts_are_short_shipped_and_in_the_docs(stage):
     assert text in docs
 
 
+@pytest.mark.slow  # a process and a tree copy
 def test_a_closed_stdout_after_writing_is_one_line_and_exit_1(tree):
     """``upstream DIR >&-``: the tree is written whole, then the report cannot go out."""
     from test_cli_input import run_with_closed
@@ -1223,6 +1225,7 @@ def test_ctrl_c_during_check_says_nothing_was_written(tree, capsys, monkeypatch)
     assert snapshot(tree) == before
 
 
+@pytest.mark.slow  # a process and a tree copy a case
 @pytest.mark.parametrize("check", [False, True], ids=["write", "check"])
 def test_a_closed_stdout_ends_quietly_after_writing(tree, check):
     """``upstream DIR | head -0``: stdout is closed before anything is printed; the tree
