@@ -17,6 +17,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -31,6 +32,12 @@ from typing import Any
 #: For the checks' subprocesses: one compute thread each, so that they and pytest's own
 #: process share the machine's cores instead of oversubscribing them.
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+#: What the checks' processes start under: the lowest CPU priority, so that pytest's own
+#: process keeps a core whenever it has work (a check forks and imports beside it; on 2
+#: cores, plain ``scripts/test`` took 112 to 114 s of pytest's time with them at equal
+#: priority, 90 to 101 s at nice 19, their results still in time for the tests).
+NICE = ["nice", "-n", "19"] if shutil.which("nice") else []
 
 #: Checks run at once: two beside pytest's own process for a whole run, where the checks
 #: are most of the work; one for ``-m "not slow"`` (see :func:`set_workers`), where
@@ -149,7 +156,7 @@ def run(
         assert cmd[0] == sys.executable and cmd[1] in ("-c", "-m"), cmd
         return _zygote().run(list(cmd), env, cwd, timeout)
     proc = subprocess.Popen(
-        list(cmd),
+        [*NICE, *cmd],
         env=env,
         cwd=cwd,
         stdout=subprocess.PIPE,
@@ -190,7 +197,7 @@ class _Zygote:
 
     def __init__(self, env: dict[str, str]) -> None:
         self._proc = subprocess.Popen(
-            [sys.executable, str(Path(__file__).with_name("zygote.py"))],
+            [*NICE, sys.executable, str(Path(__file__).with_name("zygote.py"))],
             env=env | ONE_THREAD,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
