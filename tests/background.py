@@ -34,10 +34,16 @@ from typing import Any
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 #: What the checks' processes start under: the lowest CPU priority, so that pytest's own
-#: process keeps a core whenever it has work (a check forks and imports beside it; on 2
-#: cores, plain ``scripts/test`` took 112 to 114 s of pytest's time with them at equal
-#: priority, 90 to 101 s at nice 19, their results still in time for the tests).
-NICE = ["nice", "-n", "19"] if shutil.which("nice") else []
+#: process keeps a core whenever it has work. Each check runs in a session of its own,
+#: which Linux schedules as a group of its own ("autogroup") whose priority a nice value
+#: does not lower: the session's group is set apart, then the process's (plain
+#: scripts/test on 2 cores, pytest's own time: 106-123 s at equal priority, 99-112 s with
+#: nice alone, 97-101 s with both).
+NICE = (
+    ["sh", "-c", 'echo 19 > /proc/self/autogroup 2>/dev/null; exec nice -n 19 "$@"', "sh"]
+    if shutil.which("nice")
+    else []
+)
 
 #: Checks run at once: two beside pytest's own process for a whole run, where the checks
 #: are most of the work; one for ``-m "not slow"`` (see :func:`set_workers`), where

@@ -22,6 +22,7 @@ is forked, then ``{"pid", "code"}`` when it ends. End of stdin ends this process
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import os
@@ -37,6 +38,9 @@ def _child(request: dict, wakeup: tuple[int, int], own_path: list[str]) -> None:
     code: object = 1
     try:
         os.setsid()
+        with contextlib.suppress(OSError):  # its session's group too (background.NICE)
+            with open("/proc/self/autogroup", "w") as group:
+                group.write("19")
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         for fd in wakeup:
@@ -107,7 +111,8 @@ def main() -> None:
     for name in PRELOAD:
         __import__(name)
     # What was preloaded stays out of the children's collector passes (which would walk
-    # it through every full pass of vLLM's import) and so out of copy-on-write too.
+    # it through every full pass of vLLM's import); the collector then writes none of its
+    # pages, so the children copy fewer of them.
     gc.collect()
     gc.freeze()
     here = os.path.dirname(os.path.abspath(__file__))

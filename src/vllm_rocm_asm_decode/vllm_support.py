@@ -9,7 +9,7 @@ override is registered: its version must be of the 0.33 series, and every
 :data:`EXTENSION_POINTS` entry (the classes, methods and parameters the plugin extends
 or calls) must be in vLLM's source as the plugin uses it. The source is read with
 ``ast`` (nothing imported; 0.1 to 0.3 s in each process vLLM starts, the trees dropped
-after; the answer is kept while the files read are unchanged).
+after; the answer is kept while the vLLM modules read are unchanged).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import gc
+import hashlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from importlib.util import find_spec
@@ -253,43 +254,31 @@ def version_mismatch(version: str | None) -> str | None:
     return None
 
 
-def _source_files(module: str) -> list[Path]:
-    """Where a module of the installed vLLM may be, in the order :func:`module_source`
-    tries them, found from the ``vllm`` package's directory (nothing imported)."""
-    top, _, rest = module.partition(".")
-    try:
-        spec = find_spec(top)
-    except (ImportError, ValueError):
-        return []
-    if spec is None or not spec.submodule_search_locations:
-        return []
-    files = []
-    for root in spec.submodule_search_locations:
-        base = Path(root, *rest.split(".")) if rest else Path(root)
-        files += [base.with_suffix(".py"), base / "__init__.py"]
-    return files
-
-
 def module_source(module: str) -> str | None:
     """The source text of a module of the installed vLLM, found from the ``vllm``
     package's directory, so that no package on the way is imported (None when the file
     is not there)."""
-    for path in _source_files(module):
-        try:
-            return path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError):
-            continue
+    top, _, rest = module.partition(".")
+    try:
+        spec = find_spec(top)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for root in spec.submodule_search_locations:
+        base = Path(root, *rest.split(".")) if rest else Path(root)
+        for path in (base.with_suffix(".py"), base / "__init__.py"):
+            try:
+                return path.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError):
+                continue
     return None
 
 
-def _stamp(module: str) -> tuple[tuple[Path, int, int], ...]:
-    """What changes when ``module``'s source does: each of its files' mtime and size."""
-    stamps = []
-    for path in _source_files(module):
-        with contextlib.suppress(OSError):
-            stat = path.stat()
-            stamps.append((path, stat.st_mtime_ns, stat.st_size))
-    return tuple(stamps)
+def _digest(text: str | None) -> bytes | None:
+    if text is None:
+        return None
+    return hashlib.blake2b(text.encode(), digest_size=16).digest()
 
 
 def _parsed(text: str | None) -> ast.Module | None:
@@ -449,10 +438,11 @@ def _problems(
 
 
 #: :func:`vllm_mismatch`'s answers in this process, by version and source reader, each
-#: with the stamps of the modules it read (:func:`_stamp`): an answer stands while they
-#: do. doctor and the heavy commands ask twice, and each answer parses some forty
-#: modules (0.3 s on a 2-core machine).
-_ANSWERS: dict[tuple[str | None, Callable], tuple[dict[str, tuple], str | None]] = {}
+#: with a digest of every vLLM module it read: an answer stands while each module still
+#: reads the same (doctor and the heavy commands ask twice; an answer parses some forty
+#: modules, 0.3 s on a 2-core machine; a check reads vLLM's nineteen again, ~10 ms).
+_Digests = dict[str, bytes | None]
+_ANSWERS: dict[tuple[str | None, Callable], tuple[_Digests, str | None]] = {}
 
 
 def vllm_mismatch(
@@ -462,23 +452,23 @@ def vllm_mismatch(
     it is: the version, :data:`EXTENSION_POINTS` and every name the runtime imports
     from vLLM (:func:`runtime_imports`). ``version`` defaults to the installed one,
     ``read`` (a module's source) to :func:`module_source`, whose answers are kept for
-    as long as the files they read are unchanged."""
+    as long as the vLLM modules they read are unchanged."""
     version = installed_vllm_version() if version is None else version
     if read is not None:
         return _mismatch(version, read)
-    key = (version, module_source)  # a module_source replaced (tests) answers anew
-    if (known := _ANSWERS.get(key)) is not None:
-        stamps, answer = known
-        if all(_stamp(module) == stamp for module, stamp in stamps.items()):
-            return answer
-    stamps = {}
+    source = module_source  # as it is now: one replaced (tests) answers anew
+    known = _ANSWERS.get((version, source))
+    if known is not None and all(_digest(source(m)) == d for m, d in known[0].items()):
+        return known[1]
+    digests: _Digests = {}
 
-    def stamped(module: str) -> str | None:
-        stamps.setdefault(module, _stamp(module))  # before the read: a later edit shows
-        return key[1](module)
+    def noted(module: str) -> str | None:
+        text = source(module)
+        digests[module] = _digest(text)
+        return text
 
-    answer = _mismatch(version, stamped)
-    _ANSWERS[key] = (stamps, answer)
+    answer = _mismatch(version, noted)
+    _ANSWERS[(version, source)] = (digests, answer)
     return answer
 
 

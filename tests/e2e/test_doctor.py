@@ -224,7 +224,6 @@ def test_fp16_is_named_unproven_until_the_probe_runs(aiter_version, capsys):
     assert fp16["ok"] and "fp16 queries keep the HIP decode" in fp16["detail"]
 
 
-@pytest.mark.slow  # a second whole self-test: test_selftest.py runs the probe
 def test_self_test_on_an_old_aiter_fails_the_probe_and_exits_1(aiter_version, gpu_here):
     aiter_version("0.1.16.post5")  # the stand-in then misreads blocks >= 65536
     report = run_doctor()

@@ -3,6 +3,7 @@ imported where the input can be judged without them; --help answers at once."""
 
 from __future__ import annotations
 
+import ast
 import importlib.metadata
 import json
 import os
@@ -585,6 +586,32 @@ def test_help_shows_no_docstring_markup(argv, capsys):
         main([*argv, "--help"])
     out = capsys.readouterr().out
     assert done.value.code == 0 and "``" not in out and len(out.splitlines()) > 5
+
+
+DOCSTRINGS = {  # module sources whose first statement is or is not a plain docstring
+    "comment-first": '# c\n"""doc\n   more"""\nimport os\n',
+    "then-code": '"doc"; x = 1\n',
+    "concatenated": '"a" "b"\n',
+    "parenthesized": '("a"\n "b")\n',
+    "an-expression": '"doc".upper()\n',
+    "bytes": 'b"doc"\n',
+    "f-string": 'f"doc"\n',
+    "raw": 'r"a\\nb"\n',
+    "no-newline": '"doc"',
+    "none": "x = 1\n",
+    "empty": "",
+}
+
+
+@pytest.mark.parametrize("source", DOCSTRINGS.values(), ids=DOCSTRINGS)
+def test_help_text_is_the_docstring_python_sees(source):
+    assert cli._docstring(source) == (ast.get_docstring(ast.parse(source)) or "")
+
+
+def test_every_tools_module_gives_its_docstring_to_help():
+    for path in Path(cli.__file__).parent.rglob("*.py"):
+        source = path.read_text(encoding="utf-8")
+        assert cli._docstring(source) == (ast.get_docstring(ast.parse(source)) or ""), path
 
 
 class _PasskeyServer:

@@ -248,23 +248,43 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _module_doc(module: str) -> str:
     """A tools module's docstring, read from its source without importing it (the
-    validation modules import torch), as a terminal shows it: ``code`` marks dropped.
-    Only the file's first string is tokenized: every command builds every subcommand's
-    parser, and compiling the seven modules took 70 ms of each start."""
-    import ast
-    import inspect
-    import tokenize
+    validation modules import torch), as a terminal shows it: ``code`` marks dropped."""
     from importlib.util import find_spec
 
     spec = find_spec(f"{__package__}.{module}")
     if spec is None or spec.origin is None:
         return ""
-    skipped = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.ENCODING}
-    with tokenize.open(spec.origin) as f:
-        first = next(t for t in tokenize.generate_tokens(f.readline) if t.type not in skipped)
-    if first.type != tokenize.STRING:
-        return ""
-    return inspect.cleandoc(ast.literal_eval(first.string)).strip().replace("``", "")
+    with open(spec.origin, encoding="utf-8") as f:
+        return _docstring(f.read()).strip().replace("``", "")
+
+
+def _docstring(source: str) -> str:
+    """``ast.get_docstring`` of ``source``, from its first tokens where the docstring is
+    one plain string statement (every command builds every subcommand's parser, and
+    compiling the seven modules took 70 ms of each start), else from its whole tree."""
+    import ast
+    import inspect
+    import io
+    import tokenize
+
+    head = []  # the first two tokens that are not comments or blank lines
+    try:
+        for token in tokenize.generate_tokens(io.StringIO(source).readline):
+            if token.type not in (tokenize.COMMENT, tokenize.NL) and len(head) < 2:
+                head.append(token)
+            if len(head) == 2:
+                break
+    except (tokenize.TokenError, SyntaxError):
+        head = []
+    ends = (tokenize.NEWLINE, tokenize.ENDMARKER)
+    if len(head) == 2 and head[0].type == tokenize.STRING and head[1].type in ends:
+        try:
+            value = ast.literal_eval(head[0].string)
+        except (SyntaxError, ValueError):  # an f-string, before Python 3.12
+            value = None
+        if isinstance(value, str):
+            return inspect.cleandoc(value)
+    return ast.get_docstring(ast.parse(source)) or ""
 
 
 def _stage(text: str) -> int:
