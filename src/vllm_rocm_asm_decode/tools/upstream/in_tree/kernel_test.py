@@ -224,7 +224,9 @@ def test_what_keeps_every_layer_on_hip(tmp_path, gfx942):
     model = Model(tmp_path, 16, 8, 2, torch.bfloat16, scales=[(1.0, 1.0), (2.0, 4.0)])
     n, builder = 2 * platform_utils.num_compute_units() // 16, type(model.builder)
     step = common([16] * (n + 1), [[1]] * (n + 1))  # above the cut
-    assert len(model.builder.build(0, step).asm_scales) == 2  # four tables: bound
+    tables = model.builder.build(0, step).asm_scales.values()  # four, at their scales
+    for layer, (k, v) in zip(model.layers, tables, strict=True):
+        assert (k == layer._k_scale).all() and (v == layer._v_scale).all()
     model.config.attention_config.use_aiter_asm_decode = False  # the switch
     assert not builder(*model.args).build(0, step).asm_scales
     model.config.attention_config.use_aiter_asm_decode = True
