@@ -72,6 +72,10 @@ CASES = {
         "must be in (0, 1]",
     ),
     "no-vllm": (["bench", "serve", "--model", "m", "--vllm", "no-such-vllm"], "no such exec"),
+    "vllm-a-directory": (  # (trial 13) said so, not that --result-dir lies in it
+        ["bench", "serve", "--model", "m", "--vllm", "/tmp", "--result-dir", "/tmp/r"],
+        "--vllm /tmp: is a directory, not a program (is vLLM installed and on PATH?)",
+    ),
     "result-dir-file": (
         ["bench", "serve", "--model", "m", "--vllm", STAND_IN_VLLM, "--result-dir", __file__],
         "is a file",
@@ -838,7 +842,10 @@ def test_bench_serve_refuses_serve_args_that_set_the_servers_logging(arg, capsys
     ("argv", "says"),
     [
         (["--baseline", "none"], "--baseline 'none': use plugin-off or mha-off"),
-        (["--concurrency", "1,8", "--num-prompts", "8"], "2 concurrencies but 1 --num-prompts"),
+        (
+            ["--concurrency", "1,8", "--num-prompts", "8"],
+            "2 concurrencies but --num-prompts gives 1;",
+        ),
         (["--dataset", "sharegpt"], "--dataset sharegpt needs --dataset-path"),
         (["--serve-arg", "--port=1"], "--serve-arg --port=1: bench serve sets --port itself"),
     ],

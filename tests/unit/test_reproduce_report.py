@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from vllm_rocm_asm_decode.tools import cli
-from vllm_rocm_asm_decode.tools.reproduce import compare, report
+from vllm_rocm_asm_decode.tools.reproduce import compare, report, state
 from vllm_rocm_asm_decode.tools.reproduce.state import StepRecord, Store
 from vllm_rocm_asm_decode.tools.reproduce.steps import Settings, plan
 
@@ -322,6 +322,27 @@ def test_a_rerun_with_other_options_into_the_same_out_is_refused(capsys, tmp_pat
         f"--out {out} holds a reproduction of --model m --tp 1 --quick (this run: without "
         "--quick); rerun with those options to resume it, or give another --out"
     )
+
+
+def test_a_rerun_hears_of_a_missing_path_before_the_options_it_changed(capsys, tmp_path):
+    """(trial 13) A rerun into the same --out that names a missing --dataset is told so,
+    not only that --quick differs (which it would hear next)."""
+    out = _settings_file(tmp_path)
+    args = ["--model", "m", "--out", str(out), "--dataset", str(tmp_path / "none.json")]
+    code = cli.main(["reproduce", *args, *_stand_ins()])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "none.json does not exist" in err
+
+
+def test_the_reports_are_written_with_the_mode_a_new_file_gets(tmp_path):
+    """(trial 13) Written through a temporary file, they were private (0600)."""
+    old = os.umask(0o022)
+    try:
+        state.write_text(tmp_path / "report.md", "x")
+        state.write_json(tmp_path / "report.json", {})
+    finally:
+        os.umask(old)
+    assert {oct(p.stat().st_mode & 0o777) for p in tmp_path.iterdir()} == {"0o644"}
 
 
 def test_a_port_in_use_is_refused_before_anything_runs(capsys, tmp_path, taken_port):

@@ -710,6 +710,14 @@ def unwritable(path: str) -> str | None:
     return _cannot_create_in(parent)
 
 
+def new_file_mode() -> int:
+    """The mode ``open()`` gives a new file under the process's umask (``mkstemp``'s
+    0600 would make a file written through a temporary one private)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
 def _cannot_create_in(directory: str) -> str | None:
     """Why no file can be made in ``directory``, found by making (and removing) one; None
     when one can. ``os.access`` answers yes to root for any directory, ``/proc`` and
@@ -728,6 +736,8 @@ def not_executable(value: str, hint: str) -> str | None:
     after it; None when it is one. ``hint`` says where the program should come from."""
     if shutil.which(value) is not None:
         return None
+    if os.sep in value and os.path.isdir(value):
+        return f"is a directory, not a program ({hint})"
     if os.sep in value and os.path.exists(value):
         return "is not an executable file (chmod +x it)"
     return f"no such executable ({hint})"

@@ -472,7 +472,7 @@ def _add_bench_kernel(bench) -> None:
     )
     _add_layout_options(
         p,
-        "head layouts (default: the seed's grid, 40/8 and 32/8)",
+        "head layouts (default: the original change's grid, 40/8 and 32/8)",
         "context length of every sequence (default 1024,4096)",
     )
     p.add_argument(
@@ -489,7 +489,7 @@ def _add_bench_kernel(bench) -> None:
         default="uhp",
         metavar="uhp|default",
         help="asm precision: uhp = high_precision=2 as shipped (default); "
-        "default = AITER's default, to compare with the seed's timings",
+        "default = AITER's default, to compare with the original change's timings",
     )
     mode = p.add_mutually_exclusive_group()
     mode.add_argument(
@@ -563,7 +563,7 @@ def _add_check_passkey(check) -> None:
         "--seed",
         type=choices.seed,
         default=0,
-        help="seed of the passkeys and their places, 0 to 2**32-1 (default 0)",
+        help="seed of the passkeys and their places, 0 to 4294967295 (default 0)",
     )
     p.add_argument(
         "--timeout",
@@ -1191,7 +1191,8 @@ def _serve_inputs(args: argparse.Namespace) -> list[tuple[str, str]]:
     local model directory (a result file must not overwrite any of them)."""
     import shutil
 
-    inputs = [("--vllm", shutil.which(args.vllm) or args.vllm)]
+    vllm = shutil.which(args.vllm) or args.vllm
+    inputs = [] if os.path.isdir(vllm) else [("--vllm", vllm)]  # a directory: no program
     if args.dataset_path:
         inputs.append(("--dataset-path", args.dataset_path))
     if os.path.isdir(args.model):

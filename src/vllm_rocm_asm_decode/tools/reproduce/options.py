@@ -182,13 +182,6 @@ def problem(args: argparse.Namespace, stored: dict | None) -> str | None:
         return f"--redo {unknown[0]}: no such step here; the steps: {', '.join(known)}"
     if why := choices.uncreatable_dir(args.out):
         return f"--out {args.out} {why}"
-    if stored is not None and stored != settings.to_json():
-        was = Settings(**stored)
-        return (
-            f"--out {args.out} holds a reproduction of {was.describe()} (this run: "
-            f"{_differences(was, settings)}); rerun with those options to resume it, or "
-            "give another --out"
-        )
     path = Path(os.path.expanduser(args.model))  # ~nosuchuser stays as written
     if args.model.startswith((os.sep, ".", "~")) or os.path.exists(path):
         if not os.path.isfile(path / "config.json"):
@@ -212,6 +205,14 @@ def problem(args: argparse.Namespace, stored: dict | None) -> str | None:
         why := _executable("--gpu-tools", args.gpu_tools, "give an executable")
     ):
         return why
+    # after the paths and programs: a rerun that names a missing one hears that first
+    if stored is not None and stored != settings.to_json():
+        was = Settings(**stored)
+        return (
+            f"--out {args.out} holds a reproduction of {was.describe()} (this run: "
+            f"{_differences(was, settings)}); rerun with those options to resume it, or "
+            "give another --out"
+        )
     if bad := choices.plugin_settings_problem():
         return bad
     switch = f"{plugin_settings.SWITCH_ENV}="

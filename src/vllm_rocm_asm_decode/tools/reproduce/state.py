@@ -23,6 +23,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from .. import choices
+
 OK, FAILED = "ok", "failed"
 
 
@@ -42,24 +44,18 @@ class StepRecord:
 
 
 def write_json(path: Path, data: Any) -> None:
-    """``data`` into ``path`` whole: a temporary file beside it, renamed over it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=2)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    """``data`` into ``path`` whole, as :func:`write_text` writes."""
+    write_text(path, json.dumps(data, indent=2) + "\n")
 
 
 def write_text(path: Path, text: str) -> None:
+    """``text`` into ``path`` whole: a temporary file beside it, with the mode a new
+    file gets, renamed over it."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
+        with contextlib.suppress(OSError):  # a file system without modes
+            os.fchmod(fd, choices.new_file_mode())
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
         os.replace(tmp, path)

@@ -17,8 +17,8 @@ as a stack of three pull requests.
    their own for layers with checkpoint scales, refilled in place after a weight
    reload), in place of ``AsmKvScaleTables``.
 
-After writing, it prints the pull-request text of stage N (``pr_text(N)``; the same
-texts are in the project's ``docs/upstream.md``).
+After writing, it prints the pull-request text of stage N (the same texts are in the
+project's ``docs/upstream.md``).
 
 No copy of vLLM's files is stored here: each edit finds its place by name (a class, a
 ``def``, a statement) in the file as it is, and stops with one line naming the anchor
@@ -61,6 +61,7 @@ from pathlib import Path
 from types import FrameType, TracebackType
 
 from ...vllm_version_file import version_in
+from .. import choices
 from ..stopping import stopped_by
 from .source import SPDX, Source, UpstreamError, departure
 from .stages import (
@@ -490,7 +491,7 @@ def _apply(root: Path, stage: int, written: list[FileChange] | None) -> list[Fil
             if old is not None:
                 shutil.copymode(path, temp)
             else:  # mkstemp's 0600 would make the new file private
-                os.chmod(temp, _new_file_mode())
+                os.chmod(temp, choices.new_file_mode())
         with _HeldInterrupt():
             try:
                 for temp, path, _ in staged:
@@ -584,13 +585,6 @@ class _HeldInterrupt:
         signal.signal(signal.SIGINT, self.previous)  # type: ignore[arg-type]
         if self.held and kind is None:
             signal.raise_signal(signal.SIGINT)
-
-
-def _new_file_mode() -> int:
-    """The mode ``open()`` gives a new file under the process's umask."""
-    mask = os.umask(0)
-    os.umask(mask)
-    return 0o666 & ~mask
 
 
 def _check_way(root: Path, rel: Path) -> None:

@@ -140,7 +140,7 @@ def grid(
     contexts: Sequence[int] | None,
     seqs: Sequence[int] | None,
 ) -> list[tuple[int, int, int, int]]:
-    """(heads, kv_heads, context, num_seqs) to time; the seed's grid by default."""
+    """(heads, kv_heads, context, num_seqs) to time; the original change's grid by default."""
     cases = []
     for h, kvh in heads or list(SEED_SEQS):
         for ctx in contexts or SEED_CONTEXTS:

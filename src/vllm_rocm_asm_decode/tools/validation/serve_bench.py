@@ -244,8 +244,8 @@ class ServeConfig:
                 )
         if len(self.concurrencies) != len(self.num_prompts):
             raise ValueError(
-                f"{len(self.concurrencies)} concurrencies but {len(self.num_prompts)} "
-                "--num-prompts values; give one per concurrency"
+                f"{len(self.concurrencies)} concurrencies but --num-prompts gives "
+                f"{len(self.num_prompts)}; give one --num-prompts value per concurrency"
             )
         if self.repeats < 1:
             raise ValueError("--repeats must be at least 1")
