@@ -262,7 +262,8 @@ def test_a_diverging_reload_of_allocated_shared_tables_stops_vllm_where_graphs_h
     with pytest.raises(RuntimeError, match=f"KV scales of {model.names[1]} left") as raised:
         model.builder.build(0, batch.common)
     assert str(raised.value).endswith(
-        " (held by CUDA graphs); restart with use_aiter_asm_decode off or cudagraph_mode=PIECEWISE"
+        " (held by CUDA graphs); restart with -ac.use_aiter_asm_decode=false or "
+        "-cc.cudagraph_mode=PIECEWISE"
     )
     assert torch.equal(v_table, v_before)  # not refilled: nothing changed before the raise
 

@@ -272,7 +272,7 @@ _STAGE_1_RELOAD = """\
             names = ", ".join(x.layer_name for x in stale)
             why = f"Reloaded KV scales of {names} left their shared asm scale tables"
             if self._asm_in_graph:  # their replays would read the old scales
-                fix = "use_aiter_asm_decode off or cudagraph_mode=PIECEWISE"
+                fix = "-ac.use_aiter_asm_decode=false or -cc.cudagraph_mode=PIECEWISE"
                 raise RuntimeError(f"{why} (held by CUDA graphs); restart with {fix}")
             logger.error("%s: they use the HIP decode until a restart", why)
         for table in wanted.keys() - kept:  # one new scale for all its layers
