@@ -270,10 +270,10 @@ def _docstring(source: str) -> str:
     head = []  # the first two tokens that are not comments or blank lines
     try:
         for token in tokenize.generate_tokens(io.StringIO(source).readline):
-            if token.type not in (tokenize.COMMENT, tokenize.NL) and len(head) < 2:
+            if token.type not in (tokenize.COMMENT, tokenize.NL):
                 head.append(token)
-            if len(head) == 2:
-                break
+                if len(head) == 2:
+                    break
     except (tokenize.TokenError, SyntaxError):
         head = []
     ends = (tokenize.NEWLINE, tokenize.ENDMARKER)

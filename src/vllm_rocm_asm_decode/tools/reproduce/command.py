@@ -176,9 +176,7 @@ def _readable(settings, steps, name: str, rec: StepRecord | None) -> StepRecord 
     return rec
 
 
-def _finish(
-    store, settings, steps, records, stopped, interrupted: str, cannot_run: bool = False
-) -> int:
+def _finish(store, settings, steps, records, stopped, interrupted: str, cannot_run: bool) -> int:
     """The report of the steps so far; ``interrupted`` says what stopped the run ("" when
     nothing did), ``cannot_run`` that it stopped because this machine cannot run it
     (exit 2, as for an input error)."""
