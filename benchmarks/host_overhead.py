@@ -31,7 +31,6 @@ import argparse
 import inspect
 import statistics
 import sys
-import tempfile
 import time
 from functools import partial
 from pathlib import Path
@@ -124,7 +123,6 @@ def run(repeats: int, calls: int) -> list[tuple]:
     rows = []
     for preset, (heads, kvh) in PRESETS.items():
         model = harness.build_model(
-            Path(tempfile.mkdtemp()),
             num_layers=1,
             num_heads=heads,
             num_kv_heads=kvh,
@@ -178,7 +176,7 @@ def reload_check(repeats: int, calls: int) -> tuple[float, float]:
     against an empty call; returns (empty call, check) in µs."""
     import harness
 
-    model = harness.build_model(Path(tempfile.mkdtemp()), num_layers=40, num_blocks=64)
+    model = harness.build_model(num_layers=40, num_blocks=64)
     for i, layer in enumerate(model.layers.values()):
         harness.load_checkpoint_scales(layer, 0.5 + i / 128, 0.25 + i / 128)
     batch = harness.make_batch(model, [16] * 40, contexts=False)

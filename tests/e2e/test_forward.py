@@ -5,6 +5,7 @@ bound as vLLM's worker does, the builder's metadata and ``Attention.forward``.""
 from __future__ import annotations
 
 import dataclasses
+import tempfile
 
 import pytest
 import torch
@@ -411,3 +412,11 @@ def test_the_start_up_line_says_what_full_mode_captures(tmp_path, kernels, plugi
         assert "FULL_AND_PIECEWISE" in full[0]
     else:
         assert full == []
+
+
+def test_a_model_without_a_folder_leaves_none_behind(tmp_path, monkeypatch):
+    """The validation tools build their models without a folder: the config.json's goes."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    model = harness.build_model(num_layers=1)
+    assert model.vllm_config.model_config.hf_config.num_attention_heads == 40
+    assert not any(tmp_path.iterdir())

@@ -323,7 +323,7 @@ def test_mixed_forward_reads_nothing_on_the_host_and_allocates_nothing(tmp_path,
 
 
 INTERPRETED = r"""
-import os, sys, json, pathlib, tempfile
+import os, sys, json, pathlib
 os.environ["TRITON_INTERPRET"] = "1"  # before vLLM's Triton kernels are defined
 sys.path.insert(0, {tests!r})
 import rocm_emulation
@@ -338,7 +338,7 @@ real_prefill = cppd.context_attention_fwd
 harness.install_kernel_standins(pytest.MonkeyPatch())
 cppd.context_attention_fwd = real_prefill  # vLLM's own Triton prefill, interpreted
 model = harness.build_model(
-    pathlib.Path(tempfile.mkdtemp()), num_layers=1, num_heads=8, num_kv_heads=1, num_blocks=200
+    num_layers=1, num_heads=8, num_kv_heads=1, num_blocks=200
 )
 nd = rocm_emulation.COMPUTE_UNITS[arch] * 2 // 8 + 1
 batch = harness.make_batch(model, [20] * nd + [40, 23], [1] * nd + [6, 4])

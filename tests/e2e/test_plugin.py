@@ -29,8 +29,7 @@ PLUGIN = "vllm_rocm_asm_decode.backend.RocmAsmDecodeBackend"
 #: the case's environment first (and re-reads vLLM's AITER switches, which vLLM reads at
 #: import) and prints one ``RESULT <name> <json>`` line.
 PROBE = textwrap.dedent("""
-    import json, logging, os, sys, tempfile
-    from pathlib import Path
+    import json, logging, os, sys
     sys.path.insert(0, {tests!r})
     import rocm_emulation
     arch = rocm_emulation.activate(gpu={gpu}, aiter={aiter})
@@ -127,7 +126,7 @@ PROBE = textwrap.dedent("""
             import harness
             rocm_emulation.patch_compute_units(arch)
             log = harness.install_kernel_standins(pytest.MonkeyPatch())
-            model = harness.build_model(Path(tempfile.mkdtemp()), num_layers=1)
+            model = harness.build_model(num_layers=1)
             batch = harness.make_batch(model, [40] * 32)
             harness.fill_context(model, batch)
             md = model.builder.build(0, batch.common)

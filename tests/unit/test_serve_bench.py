@@ -257,10 +257,8 @@ def result_file(tmp_path, **overrides) -> Path:
     return path
 
 
-def test_parse_result():
-    import tempfile
-
-    r = sb.parse_result(result_file(Path(tempfile.mkdtemp())), "asm-decode", 1)
+def test_parse_result(tmp_path):
+    r = sb.parse_result(result_file(tmp_path), "asm-decode", 1)
     assert (r.concurrency, r.num_prompts, r.output_throughput) == (64, 256, 9390.5)
     assert (r.median_tpot_ms, r.p99_itl_ms, r.completed) == (6.4, 15.5, 256)
 

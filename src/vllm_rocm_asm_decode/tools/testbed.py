@@ -7,8 +7,10 @@ objects a vLLM worker holds (``device="cuda"``); on a CPU they need the tests' s
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,7 +105,7 @@ class Model:
 
 
 def build_model(
-    tmp_path: Path,
+    tmp_path: Path | None = None,
     *,
     num_heads: int = 40,
     num_kv_heads: int = 8,
@@ -121,7 +123,9 @@ def build_model(
     device: str = "cpu",
 ) -> Model:
     """Layers built as a model builds them, a KV cache planned, allocated and bound as
-    vLLM's worker does, and the selected backend's metadata builder."""
+    vLLM's worker does, and the selected backend's metadata builder. Its ``config.json``
+    is written under ``tmp_path``, or without one into a folder removed once the config
+    has read it."""
     from vllm.config import set_current_vllm_config
     from vllm.model_executor.layers.attention import Attention
     from vllm.v1.attention.backends.utils import resolve_kv_cache_layout
@@ -129,23 +133,26 @@ def build_model(
     from vllm.v1.kv_cache_interface import KVCacheGroupSpec
     from vllm.v1.worker.utils import allocate_kv_cache, bind_kv_cache, customize_attention_spec
 
-    model_dir = write_model_dir(
-        tmp_path / "model",
-        num_heads=num_heads,
-        num_kv_heads=num_kv_heads,
-        head_dim=head_size,
-        num_layers=num_layers,
-        max_position=max_position,
-    )
-    vllm_config = make_vllm_config(
-        model_dir,
-        cache_dtype=cache_dtype,
-        block_size=block_size,
-        dtype=dtype,
-        max_model_len=max_model_len,
-        layout=layout,
-        device=device,
-    )
+    with contextlib.ExitStack() as scratch:
+        if tmp_path is None:
+            tmp_path = Path(scratch.enter_context(tempfile.TemporaryDirectory()))
+        model_dir = write_model_dir(
+            tmp_path / "model",
+            num_heads=num_heads,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_size,
+            num_layers=num_layers,
+            max_position=max_position,
+        )
+        vllm_config = make_vllm_config(
+            model_dir,
+            cache_dtype=cache_dtype,
+            block_size=block_size,
+            dtype=dtype,
+            max_model_len=max_model_len,
+            layout=layout,
+            device=device,
+        )
     layers = {}
     with set_current_vllm_config(vllm_config):
         for i in range(num_layers):

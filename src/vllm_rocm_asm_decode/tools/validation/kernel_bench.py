@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -295,7 +294,7 @@ def time_paths(
     from .. import testbed
 
     model = testbed.build_model(
-        Path(tempfile.mkdtemp()), num_heads=h, num_kv_heads=kvh, num_layers=1,
+        num_heads=h, num_kv_heads=kvh, num_layers=1,
         num_blocks=sum(c // 16 + 2 for c in contexts) + 8, device="cuda",
         max_model_len=max(max(contexts), 2048) + 16,
     )  # fmt: skip
