@@ -128,10 +128,12 @@ def main(args: argparse.Namespace) -> int:
             progress.start(step)
             ctx.files = store.fresh_files(step.name)
             began = time.monotonic()
+            machine_at_fault = False
             try:
                 result, status, error = runners.run(step, ctx), OK, None
             except runners.StepError as exc:
                 result, status, error = exc.result, FAILED, str(exc)
+                machine_at_fault = exc.cannot_run
             rec = StepRecord(
                 name=step.name,
                 status=status,
@@ -146,7 +148,7 @@ def main(args: argparse.Namespace) -> int:
             progress.finish(step, rec, summary(step, rec))
             if step.gate and not rec.ok:
                 stopped = f"{step.name} failed ({error})"
-                cannot_run = (result or {}).get("exit_code") == 2  # no AMD GPU, no AITER
+                cannot_run = machine_at_fault
     except KeyboardInterrupt:  # Ctrl-C, or SIGTERM from the command line
         interrupted = stopped_by()
         stopped = f"{interrupted}: run the same command again to resume"

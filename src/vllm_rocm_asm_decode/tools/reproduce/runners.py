@@ -28,11 +28,15 @@ SYNC_REPORTED = re.compile(r"GPU<->CPU sync detected|called a synchronizing (CUD
 
 
 class StepError(RuntimeError):
-    """A step that ran and failed; ``result`` keeps what it measured before."""
+    """A step that ran and failed; ``result`` keeps what it measured before, and
+    ``cannot_run`` says the machine, not the step, is at fault (no AMD GPU or AITER)."""
 
-    def __init__(self, message: str, result: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, message: str, result: dict[str, Any] | None = None, *, cannot_run: bool = False
+    ) -> None:
         super().__init__(message)
         self.result = result or {}
+        self.cannot_run = cannot_run
 
 
 @dataclass
@@ -114,6 +118,7 @@ def doctor(step: Step, ctx: Context) -> dict[str, Any]:
             f"doctor exited with 2: self-test {report.get('self_test')}; reproduce needs a "
             "gfx942/gfx950 GPU with AITER",
             result,
+            cannot_run=True,
         )
     if code != 0:
         why = failed[0] if failed else f"self-test {report.get('self_test')}"
