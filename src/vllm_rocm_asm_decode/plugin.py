@@ -49,8 +49,8 @@ def inactive_reason() -> str | None:
         (
             vllm_carries_asm_decode(),
             f"the installed vLLM already carries the ROCM_ATTN asm decode "
-            f"({IN_TREE_MODULE}); --attention-config.use_aiter_asm_decode=false "
-            "turns it off there",
+            f"({IN_TREE_MODULE}); --attention-config.use_aiter_asm_decode=true "
+            "turns it on there",
         ),
     ):
         if never:

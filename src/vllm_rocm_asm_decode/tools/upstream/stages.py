@@ -459,13 +459,14 @@ def stage1_aiter_ops(src: Source) -> None:
 
 
 _CONFIG_FIELD = '''
-    use_aiter_asm_decode: bool = True
+    use_aiter_asm_decode: bool = False
     """ROCM_ATTN with AITER on: decode large fp8-KV batches with AITER's pa_fwd_asm."""'''
 
 
 def stage1_attention_config(src: Source) -> None:
-    """``AttentionConfig.use_aiter_asm_decode``, the asm decode's own switch (on by
-    default), after the other backend's switch ``disable_flashinfer_q_quantization``."""
+    """``AttentionConfig.use_aiter_asm_decode``, the asm decode's own switch (off by
+    default until AMD runs are posted), after the other backend's switch
+    ``disable_flashinfer_q_quantization``."""
     where = "AttentionConfig"
     config = src.find(where)
     if src.carries(_CONFIG_FIELD, "use_aiter_asm_decode", config, where):

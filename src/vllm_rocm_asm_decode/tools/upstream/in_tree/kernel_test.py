@@ -39,6 +39,7 @@ except (ImportError, InvalidVersion):
     ASM = False
 requires_asm = pytest.mark.skipif(not ASM, reason="needs AITER 0.1.17+, gfx942/gfx950")
 DEVICE = "cuda" if ASM else "cpu"  # the builder's host-side tests run anywhere
+STEP = None  # a step's device tensors: on DEVICE, or on "meta" where no test reads them
 
 
 @pytest.fixture(autouse=True)
@@ -58,6 +59,7 @@ def gfx942(monkeypatch):
     monkeypatch.setitem(sys.modules, "aiter._version", version)
     monkeypatch.setattr(platform_utils, "num_compute_units", lambda i=0: 304)
     monkeypatch.setattr(rocm_aiter_ops, "is_mha_enabled", lambda: True)
+    monkeypatch.setitem(globals(), "STEP", "meta")  # build() reads no GPU value
     return version
 
 
@@ -83,6 +85,7 @@ class Model(torch.nn.Module):
         cache = cfg.CacheConfig(cache_dtype="fp8", block_size=BLOCK)
         device = cfg.DeviceConfig(DEVICE)
         self.config = cfg.VllmConfig(model, cache, device_config=device)
+        self.config.attention_config.use_aiter_asm_decode = True  # off by default
         kw = dict(cache_config=cache, quant_config=Fp8Config())
         kw |= dict(attn_backend=AttentionBackendEnum.ROCM_ATTN.get_class())
         with cfg.set_current_vllm_config(self.config):
@@ -125,7 +128,7 @@ def common(seq_lens, pages, query_lens=None):  # by default one query token a re
     # On the device, copies: a capture zeroes query_start_loc and fills seq_lens with 1.
     gpu = dict(query_start_loc=start, seq_lens=lens, block_table_tensor=table)
     gpu |= dict(slot_mapping=torch.full((sum(query_lens),), -1))  # no KV written
-    gpu = {name: x.to(DEVICE, copy=True) for name, x in gpu.items()}
+    gpu = {name: x.to(STEP or DEVICE, copy=True) for name, x in gpu.items()}
     host = dict(query_start_loc_cpu=start, seq_lens_cpu_upper_bound=lens, num_reqs=n)
     host |= dict(num_actual_tokens=sum(query_lens), max_query_len=max(query_lens))
     return CommonAttentionMetadata(**gpu, **host, max_seq_len=max(seq_lens))
