@@ -394,8 +394,6 @@ def test_the_kernel_test_file_passes_under_pytest_on_the_contract_model(
     selected = "not 4_gib and (not gqa_ratio or bf16-1 or fp16-5 or bf16-8)"
     if not harness.IN_TREE:  # these read stage 1's shared tables, its metadata, its raise
         selected += " and not (host_integers or every_layer_on_hip or fifth_scale_table)"
-    elif (harness.STAGE or 1) >= 3:  # the proposal's aliased tables have no cap of four
-        selected += " and not fifth_scale_table"
     args = [kernel_tests.__file__, "-q", "-p", "no:cacheprovider", "-k", selected]
     try:
         code = pytest.main([*args, "--import-mode=importlib", "-W", "ignore"],

@@ -383,6 +383,16 @@ def test_server_that_fails_to_start(tmp_path, monkeypatch):
     assert spy.all_stopped()
 
 
+def test_a_server_that_does_not_answer_in_time_is_stopped_and_said_so(tmp_path, monkeypatch):
+    """(trial 14) After a failure the stop may take the server's whole grace period: it is
+    said before it starts, not after a silent minute."""
+    spy, said = Spy(monkeypatch), []
+    outcome = sb.run_ab(config(tmp_path, health_timeout=0.01), log=said.append)
+    assert outcome.error.startswith("plugin-off server did not answer /health within 0.01 s")
+    assert said[-1].startswith("== stopping the plugin-off server (a second Ctrl-C")
+    assert spy.all_stopped()
+
+
 @pytest.mark.parametrize(
     ("log", "said"),
     [

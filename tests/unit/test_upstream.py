@@ -109,6 +109,24 @@ def test_stage_2_applies_on_stage_1_as_at_once_and_stage_1_then_has_nothing_to_d
     assert snapshot(tree) == snapshot(at_once)
 
 
+def test_stage_3_drops_stage_1s_test_of_the_cap_it_lifts_stacked_or_at_once(tree, tmp_path):
+    """(trial 14) The cap of four tables goes in stage 3, and so does its test: each stage's
+    branch passes its own tests. Stacked on stage 1 it writes what it writes at once, and
+    stage 1 run again then changes nothing."""
+    test = upstream.CAPPED_TABLES_TEST
+    at_once = stock_tree(tmp_path / "at-once")
+    upstream.apply(at_once, 3)
+    upstream.apply(tree, 1)
+    assert f"\ndef {test}(" in (tree / upstream.KERNEL_TEST).read_text()
+    upstream.apply(tree, 3)
+    assert snapshot(tree) == snapshot(at_once)
+    written = (tree / upstream.KERNEL_TEST).read_text()
+    assert test not in written and "\n\n\n\ndef " not in written
+    assert "\ndef test_what_keeps_every_layer_on_hip(" in written
+    upstream.apply(tree, 1)
+    assert snapshot(tree) == snapshot(at_once)
+
+
 @pytest.mark.parametrize("stage", ["0", "-1", "+2", "4", "two", "", "\u0662"])
 def test_a_stage_that_is_not_there_is_one_line(tree, capsys, stage):
     with pytest.raises(SystemExit) as exit_:

@@ -737,7 +737,8 @@ def run_ab(
             outcome.interrupted = True
             outcome.error = "interrupted"
         finally:
-            if server.stop(log if outcome.interrupted else None):
+            # said where the stop may take its while: a failure or a Ctrl-C cut it short
+            if server.stop(log if outcome.interrupted or outcome.error else None):
                 outcome.interrupted = True
                 outcome.error = outcome.error or "interrupted"
         if outcome.error is not None:
