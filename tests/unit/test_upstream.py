@@ -173,7 +173,7 @@ def test_stage_1_is_about_a_hundred_lines_inside_rocm_attn_py(tree):
     assert text.count("logger.info") == 1 and text.count("logger.debug") == 0
     # Its test file: ~200 lines, at least 12 tests (docs/upstream.md says what is in it).
     test_file = files[upstream.KERNEL_TEST]
-    assert len(test_file.splitlines()) <= 281 and test_file.count("\ndef test_") >= 5
+    assert len(test_file.splitlines()) <= 279 and test_file.count("\ndef test_") >= 5
 
 
 def test_a_file_where_a_directory_goes_stops_check_and_apply_alike(tree, capsys):
@@ -575,7 +575,7 @@ MOVED = {
         "        attn_metadata = self.build(\n            0, common_attn_metadata\n        )\n",
         "RocmAttentionMetadataBuilder.build_for_cudagraph_capture: no `attn_metadata = "
         "self.build(0, common_attn_metadata)`",
-        "1",
+        "2",  # stage 2's anchor (stage 1 leaves the capture as vLLM has it)
     ),
     "prefill-block": (
         upstream.PAGED_DECODE,

@@ -183,7 +183,6 @@ _METADATA_FIELDS = """\
 
 _BUILDER_INIT = """\
         self._asm_cut = self._asm_heads = 0  # set when the layers are bound (build())
-        self._asm_in_graph = False  # whether a captured graph holds pa_fwd_asm
         self._asm_scales: dict[torch.nn.Module, tuple[torch.Tensor, torch.Tensor]] = {}
         self._asm_filled: dict[torch.nn.Module, tuple[float, float]] = {}"""
 
@@ -271,9 +270,10 @@ _STAGE_1_RELOAD = """\
         if stale:
             names = ", ".join(x.layer_name for x in stale)
             why = f"Reloaded KV scales of {names} left their shared asm scale tables"
-            if self._asm_in_graph:  # their replays would read the old scales
+            graphs = self.vllm_config.compilation_config.cudagraph_mode  # drafters' too
+            if graphs.has_full_cudagraphs():  # replays of pa_fwd_asm read old scales
                 fix = "-ac.use_aiter_asm_decode=false or -cc.cudagraph_mode=PIECEWISE"
-                raise RuntimeError(f"{why} (held by CUDA graphs); restart with {fix}")
+                raise RuntimeError(f"{why} (under FULL graphs); restart with {fix}")
             logger.error("%s: they use the HIP decode until a restart", why)
         for table in wanted.keys() - kept:  # one new scale for all its layers
             table.fill_(wanted[table].pop())
@@ -313,9 +313,6 @@ _FORWARD_ASM = """\
 """
 
 
-_CAPTURE_HOLDS = "        self._asm_in_graph |= attn_metadata.use_asm_decode  # it holds the tables"
-
-
 def stage1_rocm_attn(src: Source) -> None:
     src.ensure_import("vllm.config", "ModelConfig")
     src.ensure_import("packaging.version", "InvalidVersion")
@@ -338,8 +335,6 @@ def stage1_rocm_attn(src: Source) -> None:
         later=(_STAGE_3_BIND + _STAGE_1_RELOAD,),
     ):
         src.insert_after_line(init.end_lineno or init.lineno, _BUILDER_BIND)
-
-    _after_capture_build(src, _CAPTURE_HOLDS, "_asm_in_graph")
 
     build = src.find_def(builder, "build")
     where = f"{builder}.build"

@@ -191,25 +191,25 @@ def test_pages_over_4_gib_apart_read_as_adjacent_ones(tmp_path):
 
 def test_the_builder_decides_on_host_integers(tmp_path, gfx942):
     """asm for more query heads than 2 x CUs, one token a request; else HIP. A reload
-    refills the tables in place; one parting them sends the parted layer to HIP with one
-    error line, or raises once a graph holds asm."""
+    refills the tables in place; one parting them raises where FULL graphs (the default)
+    may hold asm, else sends the parted layer to HIP with one error line."""
     model = Model(tmp_path, 16, 8, 2, torch.bfloat16, scales=[(1.0, 1.0)] * 2)  # GQA 2
     n = 2 * platform_utils.num_compute_units() // 16  # requests at the cut
-    eager = type(model.builder)(*model.args)  # a builder no graph holds
     for lens in ([1] * n, [1] * n + [0, 2], [1] * (n + 1) + [0], [1] * (n + 1)):
         step = common([16] * len(lens), [[1]] * len(lens), lens)
         assert model.builder.build(0, step).use_asm_decode is (lens == [1] * (n + 1))
     k, v = model.builder.build_for_cudagraph_capture(step).asm_scales[model.attn]
-    model.builder.build_for_cudagraph_capture(common([16], [[1]]))  # then HIP's graphs
-    eager.build(0, step)  # bound at the first scales
     model.reload((0.5, 2.0), (0.5, 2.0))
-    for builder in (model.builder, eager):  # refills the tables, the graphs' in place
-        builder.build(0, step)
+    model.builder.build(0, step)  # refills the tables the graphs hold, in place
     assert (k == model.attn._k_scale).all() and (v == model.attn._v_scale).all()
     assert k.shape == v.shape == (2, 8, BLOCK)  # [blocks, KV heads, slots]
     model.reload((0.25, 2.0), (0.5, 2.0))  # layers.0 parts: HIP; layers.1 keeps its K
+    model.config.compilation_config.cudagraph_mode = cfg.CUDAGraphMode.FULL
+    with pytest.raises(RuntimeError, match=r"layers\.0 left .* restart with"):
+        model.builder.build(0, step)
+    model.config.compilation_config.cudagraph_mode = cfg.CUDAGraphMode.PIECEWISE
     with mock.patch.object(rocm_attn.logger, "error") as error:  # one line
-        metadata = eager.build(0, step)
+        metadata = model.builder.build(0, step)
     [(layer, (k, v))] = metadata.asm_scales.items()
     assert layer is model.layers[1] and (k == layer._k_scale).all()
     assert error.call_count == 1 and "layers.0 left" in str(error.call_args)
@@ -217,8 +217,6 @@ def test_the_builder_decides_on_host_integers(tmp_path, gfx942):
     with hip as stock, mock.patch.object(rocm_aiter_ops, "pa_fwd_asm") as pa:
         model.run(torch.zeros(n + 1, 16, HEAD, device=DEVICE), metadata)  # layers.0
     assert metadata.use_asm_decode and stock.called and not pa.called
-    with pytest.raises(RuntimeError, match=r"layers\.0 left .* restart with"):
-        model.builder.build(0, step)
 
 
 def test_what_keeps_every_layer_on_hip(tmp_path, gfx942):
