@@ -267,8 +267,9 @@ def test_its_attention_config_switch_is_off_by_default_and_turns_it_on(tmp_path,
 
 
 @in_tree_only
-def test_aiters_mha_switch_turns_it_off_too(tmp_path, kernels, monkeypatch):
-    """``VLLM_ROCM_USE_AITER_MHA=0`` keeps every step on HIP."""
+def test_aiters_mha_switch_turns_it_off_too(tmp_path, kernels, monkeypatch, plugin_log):
+    """``VLLM_ROCM_USE_AITER_MHA=0`` keeps every step on HIP; with the switch on, the
+    one info line says why (review 34: a switch turned on must not do nothing silently)."""
     from vllm._aiter_ops import rocm_aiter_ops
 
     monkeypatch.setenv("VLLM_ROCM_USE_AITER_MHA", "0")
@@ -277,6 +278,9 @@ def test_aiters_mha_switch_turns_it_off_too(tmp_path, kernels, monkeypatch):
         model = harness.build_model(tmp_path, num_layers=1)
         metadata = model.builder.build(0, harness.make_batch(model, [20] * 64).common)
         assert not harness.asm_enabled(model.builder) and not metadata.use_asm_decode
+        said = "decodes 0 of 1 layers (AITER's MHA is off: VLLM_ROCM_USE_AITER=1 turns it on)"
+        lines = [m for m in plugin_log if "pa_fwd_asm decodes" in m]
+        assert lines == [f"ROCM_ATTN: AITER pa_fwd_asm {said}"]
     finally:
         monkeypatch.undo()
         rocm_aiter_ops.refresh_env_variables()

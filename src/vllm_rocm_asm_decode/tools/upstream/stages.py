@@ -190,7 +190,9 @@ _STAGE_1_CAP = """\
         n = len({key for both in self._asm_filled.values() for key in enumerate(both)})
         most = self.vllm_config.scheduler_config.max_num_seqs * self._asm_heads
         why, bind = f"above {self._asm_cut} query heads", bool(self._asm_filled)
-        if bind and most <= self._asm_cut:  # no step can pass the cut: no tables
+        if bind and not rocm_aiter_ops.is_mha_enabled():  # None: AITER unsupported
+            why, bind = "(AITER's MHA is off: VLLM_ROCM_USE_AITER=1 turns it on)", False
+        elif bind and most <= self._asm_cut:  # no step can pass the cut: no tables
             why, bind = f"(max_num_seqs x heads = {most} <= {self._asm_cut})", False
         elif bind and (old or n > 4):  # a table a distinct K or V scale: a memory cap
             why = f"(AITER {version}, need 0.1.17)" if old else f"({n} tables > 4)"
@@ -218,7 +220,6 @@ _STAGE_1_BIND = (
 
         self._asm_cut = _ASM_HEADS_PER_CU * num_compute_units(self.device.index or 0)
         on = self.vllm_config.attention_config.use_aiter_asm_decode
-        on = on and rocm_aiter_ops.is_mha_enabled()  # None where AITER is unsupported
         if not on or type(self) is not RocmAttentionMetadataBuilder:  # not subclasses
             return
         layers = self.vllm_config.compilation_config.static_forward_context
