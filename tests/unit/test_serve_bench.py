@@ -494,10 +494,24 @@ def test_cli_exit_codes_and_json(tmp_path, monkeypatch, capsys):
     assert main(args) == 1
     captured = capsys.readouterr()
     assert "plugin-off repeat 0: UNCONFIRMED" in captured.out
-    assert "could not confirm the arm of plugin-off repeat 0, asm-decode repeat 0" in (captured.err)
+    assert (
+        "could not confirm the arm of plugin-off repeat 0 (no 'ROCM_ATTN asm decode plugin "
+        "inactive' line in the log); asm-decode repeat 0 (no 'ROCM_ATTN asm decode plugin "
+        "registered' line in the log) from its server log;" in captured.err
+    )
+    assert "see that the servers log at INFO (VLLM_LOGGING_CONFIG_PATH)" in captured.err
     saved = json.loads((tmp_path / "out.json").read_text())  # the failure, as on stderr
     assert saved["error"].startswith("could not confirm the arm of plugin-off repeat 0")
     monkeypatch.delenv("FAKE_VLLM_QUIET")
+    monkeypatch.setenv("FAKE_VLLM_ELIGIBLE", "0")  # (trial 14) logged, but no layer took asm
+    args[args.index(str(tmp_path / "r2"))] = str(tmp_path / "r4")
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    assert "asm-decode repeat 0 (0 of 40 layers eligible: the asm decode never ran)" in err
+    assert "see why with vllm-rocm-asm-decode plan --model m, then rerun" in err
+    assert "VLLM_LOGGING_CONFIG_PATH" not in err
+    monkeypatch.delenv("FAKE_VLLM_ELIGIBLE")
+    args[args.index(str(tmp_path / "r4"))] = str(tmp_path / "r2")
     monkeypatch.setenv("FAKE_VLLM_SERVE_FAIL", "1")
     args[args.index(str(tmp_path / "r2"))] = str(tmp_path / "r3")
     assert main(args) == 1

@@ -724,12 +724,19 @@ def _bench_serve(args: argparse.Namespace) -> int:
     outcome = sb.run_ab(cfg, log=_say)
     sb.flag_outliers(outcome.results)
     rows = sb.summarize(outcome.results, cfg.baseline)
-    unconfirmed = [f"{a.arm} repeat {a.repeat}" for a in outcome.arms if not a.confirmed]
+    unconfirmed = [a for a in outcome.arms if not a.confirmed]
+    # What to mend follows from why: lines missing from a log, or a log that says no
+    # layer could take the asm decode (plan --model says why for a model).
+    mend = (
+        "see that the servers log at INFO (VLLM_LOGGING_CONFIG_PATH) and load the plugin"
+        if any(" line in the log" in a.detail for a in unconfirmed)
+        else f"see why with {PROG} plan --model {cfg.model}"
+    )
     doubt = (
-        f"could not confirm the arm of {', '.join(unconfirmed)} from its server log (see "
-        "above); the comparison may not be what it says: see that the servers log at "
-        "INFO (VLLM_LOGGING_CONFIG_PATH) and load the plugin, then rerun with another "
-        "--result-dir"
+        "could not confirm the arm of "
+        + "; ".join(f"{a.arm} repeat {a.repeat} ({a.detail})" for a in unconfirmed)
+        + f" from its server log; the comparison may not be what it says: {mend}, then "
+        "rerun with another --result-dir"
         if unconfirmed
         else None
     )
