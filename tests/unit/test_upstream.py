@@ -173,7 +173,7 @@ def test_stage_1_is_about_a_hundred_lines_inside_rocm_attn_py(tree):
     assert text.count("logger.info") == 1 and text.count("logger.debug") == 0
     # Its test file: ~200 lines, at least 12 tests (docs/upstream.md says what is in it).
     test_file = files[upstream.KERNEL_TEST]
-    assert len(test_file.splitlines()) <= 279 and test_file.count("\ndef test_") >= 5
+    assert len(test_file.splitlines()) <= 280 and test_file.count("\ndef test_") >= 5
 
 
 def test_a_file_where_a_directory_goes_stops_check_and_apply_alike(tree, capsys):
@@ -1023,7 +1023,7 @@ def test_a_hand_edit_is_named_by_its_line_on_disk(tree, capsys):
     upstream.apply(tree)
     path = tree / upstream.ROCM_ATTN
     text = path.read_text()
-    text = text.replace("from packaging.version import InvalidVersion, Version\n", "")
+    text = text.replace("from packaging.version import Version\n", "")
     old = "self._asm_cut = self._asm_heads = 0  # set when the layers are bound (build())"
     new = "self._asm_cut = self._asm_heads = 0  # set later"
     path.write_text(text.replace(old, new))

@@ -228,7 +228,7 @@ _STAGE_1_BIND = (
             from aiter._version import __version__ as version
 
             old = Version(version) < Version("0.1.17")
-        except (ImportError, InvalidVersion):
+        except Exception:  # none, one that fails to import, or InvalidVersion
             version, old = "of unknown version", True
         for layer in (layers[name] for name in self.layer_names):
             reasons = _asm_decode_rejections(layer.impl, layer.kv_cache, model, mi3xx)
@@ -296,8 +296,8 @@ _BUILD_DECIDE = """\
 """
 
 _FORWARD_ASM = """\
-        scales = (attn_metadata.asm_scales or {}).get(layer)
-        if attn_metadata.use_asm_decode and scales and output_scale is None:
+        asm = attn_metadata.use_asm_decode and output_scale is None  # else HIP
+        if asm and (scales := (attn_metadata.asm_scales or {}).get(layer)):
             rocm_aiter_ops.pa_fwd_asm(
                 Q=query[:num_actual_tokens],
                 K=key_cache,
@@ -316,7 +316,6 @@ _FORWARD_ASM = """\
 
 def stage1_rocm_attn(src: Source) -> None:
     src.ensure_import("vllm.config", "ModelConfig")
-    src.ensure_import("packaging.version", "InvalidVersion")
     src.ensure_import("packaging.version", "Version")
     add_runtime_block(src, "core", lambda: _logger(src))
 

@@ -159,10 +159,10 @@ def test_every_admitted_gqa_ratio(tmp_path, gqa, dtype):
         model.run(query, metadata, out)  # warm up
         with mock.patch.object(rocm_attn, "chunked_prefill_paged_decode") as stock:
             model.run(query, metadata, out, torch.ones((), device=DEVICE))
-    assert [call.kwargs["high_precision"] for call in pa.call_args_list] == [2]
+        with torch.cuda.graph(graph):
+            model.run(query, metadata, out)
+    assert [call.kwargs["high_precision"] for call in pa.call_args_list] == [2, 2]
     assert stock.called  # an output quant fused into attention: HIP
-    with torch.cuda.graph(graph):
-        model.run(query, metadata, out)
     for k, v in ((0.5, 2.0), (0.5, 0.5), (0.25, 4.0)):
         model.reload((k, v))
         eager = replace(model.builder.build(0, step), use_asm_decode=False)  # refills
@@ -204,10 +204,11 @@ def test_the_builder_decides_on_host_integers(tmp_path, gfx942):
     assert (k == model.attn._k_scale).all() and (v == model.attn._v_scale).all()
     assert k.shape == v.shape == (2, 8, BLOCK)  # [blocks, KV heads, slots]
     model.reload((0.25, 2.0), (0.5, 2.0))  # layers.0 parts: HIP; layers.1 keeps its K
-    model.config.compilation_config.cudagraph_mode = cfg.CUDAGraphMode.FULL
+    graphs = model.config.compilation_config  # vLLM's default: FULL_AND_PIECEWISE
+    graphs.cudagraph_mode = cfg.CUDAGraphMode.FULL_AND_PIECEWISE
     with pytest.raises(RuntimeError, match=r"layers\.0 left .* restart with"):
         model.builder.build(0, step)
-    model.config.compilation_config.cudagraph_mode = cfg.CUDAGraphMode.PIECEWISE
+    graphs.cudagraph_mode = cfg.CUDAGraphMode.PIECEWISE
     with mock.patch.object(rocm_attn.logger, "error") as error:  # one line
         metadata = model.builder.build(0, step)
     [(layer, (k, v))] = metadata.asm_scales.items()
