@@ -278,7 +278,7 @@ def test_aiters_mha_switch_turns_it_off_too(tmp_path, kernels, monkeypatch, plug
         model = harness.build_model(tmp_path, num_layers=1)
         metadata = model.builder.build(0, harness.make_batch(model, [20] * 64).common)
         assert not harness.asm_enabled(model.builder) and not metadata.use_asm_decode
-        said = "decodes 0 of 1 layers (AITER's MHA is off: VLLM_ROCM_USE_AITER=1 turns it on)"
+        said = "decodes 0 of 1 layers (AITER's MHA is off: set VLLM_ROCM_USE_AITER(_MHA)=1)"
         lines = [m for m in plugin_log if "pa_fwd_asm decodes" in m]
         assert lines == [f"ROCM_ATTN: AITER pa_fwd_asm {said}"]
     finally:

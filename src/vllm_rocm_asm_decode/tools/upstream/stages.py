@@ -191,7 +191,7 @@ _STAGE_1_CAP = """\
         most = self.vllm_config.scheduler_config.max_num_seqs * self._asm_heads
         why, bind = f"above {self._asm_cut} query heads", bool(self._asm_filled)
         if bind and not rocm_aiter_ops.is_mha_enabled():  # None: AITER unsupported
-            why, bind = "(AITER's MHA is off: VLLM_ROCM_USE_AITER=1 turns it on)", False
+            why, bind = "(AITER's MHA is off: set VLLM_ROCM_USE_AITER(_MHA)=1)", False
         elif bind and most <= self._asm_cut:  # no step can pass the cut: no tables
             why, bind = f"(max_num_seqs x heads = {most} <= {self._asm_cut})", False
         elif bind and (old or n > 4):  # a table a distinct K or V scale: a memory cap
@@ -296,8 +296,8 @@ _BUILD_DECIDE = """\
 """
 
 _FORWARD_ASM = """\
-        asm = attn_metadata.use_asm_decode and output_scale is None  # else HIP
-        if asm and (scales := (attn_metadata.asm_scales or {}).get(layer)):
+        scales = (attn_metadata.asm_scales or {}).get(layer)
+        if attn_metadata.use_asm_decode and scales and output_scale is None:
             rocm_aiter_ops.pa_fwd_asm(
                 Q=query[:num_actual_tokens],
                 K=key_cache,
