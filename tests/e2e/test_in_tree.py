@@ -261,7 +261,9 @@ def test_its_attention_config_switch_is_off_by_default_and_turns_it_on(tmp_path,
         model = harness.build_model(tmp_path / str(on), num_layers=1)
         args = parser.parse_args([*argv, "--model", model.vllm_config.model_config.model])
         config = EngineArgs.from_cli_args(args).attention_config  # as vLLM takes it
-        model.builder.vllm_config.attention_config = config  # before the first build()
+        model.vllm_config.attention_config = config  # vLLM makes builders after it
+        args = (model.spec, model.names, model.vllm_config, torch.device("cpu"))
+        model.builder = type(model.builder)(*args)
         metadata = model.builder.build(0, harness.make_batch(model, [20] * 64).common)
         assert harness.asm_enabled(model.builder) is metadata.use_asm_decode is on
 
@@ -278,7 +280,7 @@ def test_aiters_mha_switch_turns_it_off_too(tmp_path, kernels, monkeypatch, plug
         model = harness.build_model(tmp_path, num_layers=1)
         metadata = model.builder.build(0, harness.make_batch(model, [20] * 64).common)
         assert not harness.asm_enabled(model.builder) and not metadata.use_asm_decode
-        said = "decodes 0 of 1 layers (AITER's MHA is off: set VLLM_ROCM_USE_AITER(_MHA)=1)"
+        said = "decodes 0 of 1 layers (VLLM_ROCM_USE_AITER(_MHA) is off)"
         lines = [m for m in plugin_log if "pa_fwd_asm decodes" in m]
         assert lines == [f"ROCM_ATTN: AITER pa_fwd_asm {said}"]
     finally:

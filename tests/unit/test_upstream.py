@@ -303,8 +303,8 @@ def test_a_symlinked_file_is_replaced_not_written_through(tree, tmp_path):
     ("old", "new", "where"),
     [
         (
-            "self._asm_cut = self._asm_heads = 0  # set when the layers are bound (build())",
-            "self._asm_cut = self._asm_heads = 0  # set at the first build()",
+            "self._asm_cut = 0  # set when the layers are bound (build())",
+            "self._asm_cut = 0  # set at the first build()",
             "RocmAttentionMetadataBuilder.__init__",
         ),
         (
@@ -445,7 +445,7 @@ def test_stage_1s_inline_decision_and_call_are_the_cores(applied):
         (r"common\.max_query_len", "max_query_len"),
         (r"common\.num_actual_tokens", "num_actual_tokens"),
         (r"common\.num_reqs", "common_attn_metadata.num_reqs"),
-        (r"\bnum_heads\b", "self._asm_heads"),
+        (r"\bnum_heads\b", "self.num_heads_q"),
         (r"\bcut\b", "self._asm_cut"),
     ):
         clauses = re.sub(name, local, clauses)
@@ -1024,8 +1024,8 @@ def test_a_hand_edit_is_named_by_its_line_on_disk(tree, capsys):
     path = tree / upstream.ROCM_ATTN
     text = path.read_text()
     text = text.replace("from packaging.version import Version\n", "")
-    old = "self._asm_cut = self._asm_heads = 0  # set when the layers are bound (build())"
-    new = "self._asm_cut = self._asm_heads = 0  # set later"
+    old = "self._asm_cut = 0  # set when the layers are bound (build())"
+    new = "self._asm_cut = 0  # set later"
     path.write_text(text.replace(old, new))
     line = 1 + next(i for i, x in enumerate(path.read_text().splitlines()) if new in x)
     code, _, err = run(capsys, str(tree), "--check")

@@ -182,22 +182,24 @@ _METADATA_FIELDS = """\
     asm_scales: dict[torch.nn.Module, tuple[torch.Tensor, torch.Tensor]] | None = None"""
 
 _BUILDER_INIT = """\
-        self._asm_cut = self._asm_heads = 0  # set when the layers are bound (build())
+        on = vllm_config.attention_config.use_aiter_asm_decode  # not in subclasses
+        self._asm_to_bind = on and type(self) is RocmAttentionMetadataBuilder
+        self._asm_cut = 0  # set when the layers are bound (build())
         self._asm_scales: dict[torch.nn.Module, tuple[torch.Tensor, torch.Tensor]] = {}
         self._asm_filled: dict[torch.nn.Module, tuple[float, float]] = {}"""
 
 _STAGE_1_CAP = """\
-        n = len({key for both in self._asm_filled.values() for key in enumerate(both)})
-        most = self.vllm_config.scheduler_config.max_num_seqs * self._asm_heads
-        why, bind = f"above {self._asm_cut} query heads", bool(self._asm_filled)
-        if bind and not rocm_aiter_ops.is_mha_enabled():  # None: AITER unsupported
-            why, bind = "(AITER's MHA is off: set VLLM_ROCM_USE_AITER(_MHA)=1)", False
-        elif bind and most <= self._asm_cut:  # no step can pass the cut: no tables
-            why, bind = f"(max_num_seqs x heads = {most} <= {self._asm_cut})", False
-        elif bind and (old or n > 4):  # a table a distinct K or V scale: a memory cap
-            why = f"(AITER {version}, need 0.1.17)" if old else f"({n} tables > 4)"
-            bind = False
-        self._asm_filled = self._asm_filled if bind else {}
+        num_tables = len({kv for s in self._asm_filled.values() for kv in enumerate(s)})
+        max_heads = self.vllm_config.scheduler_config.max_num_seqs * self.num_heads_q
+        gates = (  # each keeps every layer on HIP
+            (not self._asm_filled, "no layer qualifies"),
+            (not rocm_aiter_ops.is_mha_enabled(), "VLLM_ROCM_USE_AITER(_MHA) is off"),
+            (max_heads <= self._asm_cut, f"max_num_seqs x heads <= {self._asm_cut}"),
+            (old, f"AITER {version}, need 0.1.17"),
+            (num_tables > 4, f"{num_tables} tables > 4"),  # one a K or V scale: memory
+        )
+        why = next((reason for closed, reason in gates if closed), "")
+        self._asm_filled = {} if why else self._asm_filled
 """
 
 _STAGE_1_TABLES = """\
@@ -214,16 +216,14 @@ _STAGE_1_BIND = (
     """\
 
     def _bind_asm_decode(self) -> None:
-        \"\"\"Give the layers pa_fwd_asm can decode per-slot scale tables, all or none.\"\"\"
+        \"\"\"Scale tables for the layers pa_fwd_asm can decode, unless a gate says no.\"\"\"
         from vllm.platforms.rocm import on_mi3xx
-        from vllm.utils.platform_utils import num_compute_units
 
-        self._asm_cut = _ASM_HEADS_PER_CU * num_compute_units(self.device.index or 0)
-        on = self.vllm_config.attention_config.use_aiter_asm_decode
-        if not on or type(self) is not RocmAttentionMetadataBuilder:  # not subclasses
-            return
+        self._asm_to_bind = False
+        self._asm_cut = _ASM_HEADS_PER_CU * current_platform.num_compute_units()
         layers = self.vllm_config.compilation_config.static_forward_context
-        model, mi3xx, hip = self.vllm_config.model_config, on_mi3xx(), ""
+        model, mi3xx = self.vllm_config.model_config, on_mi3xx()
+        denied = ""  # the last layer the rule rejects, and why
         try:  # AITER before 0.1.17 misreads KV block ids >= 65536 (AITER issue 3062)
             from aiter._version import __version__ as version
 
@@ -232,11 +232,10 @@ _STAGE_1_BIND = (
             version, old = "of unknown version", True
         for layer in (layers[name] for name in self.layer_names):
             reasons = _asm_decode_rejections(layer.impl, layer.kv_cache, model, mi3xx)
-            if reasons:  # the info line names the last such layer and why
-                hip = f" ({layer.layer_name} keeps HIP: {', '.join(reasons)})"
+            if reasons:
+                denied = f" ({layer.layer_name} keeps HIP: {', '.join(reasons)})"
             else:
                 self._asm_filled[layer] = (layer._k_scale_float, layer._v_scale_float)
-                self._asm_heads = layer.impl.num_heads  # the cut counts their heads
 """
     + _STAGE_1_CAP
     + _STAGE_1_TABLES_DECL
@@ -246,8 +245,9 @@ _STAGE_1_BIND = (
 """
     + _STAGE_1_TABLES
     + """\
-        m = "ROCM_ATTN: AITER pa_fwd_asm decodes %d of %d layers %s%s"
-        logger.info_once(m, len(self._asm_scales), len(self.layer_names), why, hip)
+        why = f"({why})" if why else f"above {self._asm_cut} query heads"
+        msg = "ROCM_ATTN: AITER pa_fwd_asm decodes %d of %d layers %s%s"
+        logger.info_once(msg, len(self._asm_scales), len(self.layer_names), why, denied)
 """
 )
 
@@ -284,14 +284,14 @@ _STAGE_1_RELOAD = """\
 _BUILDER_BIND = _STAGE_1_BIND + _STAGE_1_RELOAD
 
 _BUILD_DECIDE = """\
-        if not self._asm_cut:  # the first build() after the KV cache is bound
+        if self._asm_to_bind:  # the first build() after the KV cache is bound
             self._bind_asm_decode()
         self._follow_asm_reload()
         use_asm = (  # a pure-decode step (one token per request) above the cut
             bool(self._asm_scales)
             and max_query_len == 1
             and common_attn_metadata.num_reqs == num_actual_tokens
-            and num_actual_tokens * self._asm_heads > self._asm_cut
+            and num_actual_tokens * self.num_heads_q > self._asm_cut
         )
 """
 
@@ -501,7 +501,7 @@ _SPLIT_BUILD = """\
         asm_split = None
         if self._asm_scales:
             asm_split = _split_asm_decode(
-                common_attn_metadata, self.vllm_config, self._asm_heads, self._asm_cut
+                common_attn_metadata, self.vllm_config, self.num_heads_q, self._asm_cut
             )
 """
 
@@ -620,8 +620,7 @@ def stage2_paged_decode(src: Source) -> None:
 _STAGE_3_BIND = (
     _STAGE_1_BIND.replace(_STAGE_1_TABLES_DECL, "")
     .replace(_STAGE_1_CAP, _STAGE_1_CAP.split("\n", 1)[1])  # no cap: no keys
-    .replace("(old or n > 4):  # a table a distinct K or V scale: a memory cap", "old:")
-    .replace(' if old else f"({n} tables > 4)"', "")
+    .replace('            (num_tables > 4, f"{num_tables} tables > 4"),  # one a K or V scale: memory\n', "")
     .replace(
         _STAGE_1_TABLES,
         "            self._asm_scales[layer] = self._asm_tables.get(layer, shape)\n",
@@ -629,7 +628,7 @@ _STAGE_3_BIND = (
     .replace("for layer, both in self._asm_filled.items():", "for layer in self._asm_filled:")
 )
 assert all(t in _STAGE_1_BIND for t in (_STAGE_1_TABLES, _STAGE_1_TABLES_DECL, _STAGE_1_CAP))
-assert not re.search(r"\bn\b|tables > 4", _STAGE_3_BIND)  # every trace of the cap replaced
+assert not re.search(r"num_tables|tables > 4", _STAGE_3_BIND)  # every trace of the cap replaced
 
 _TABLES_INIT = """\
         # Per-slot scale tables for AITER's asm decode, released with this builder.

@@ -17,7 +17,7 @@ from vllm.model_executor.layers.quantization.fp8 import Fp8Config
 from vllm.model_executor.model_loader.reload import record_metadata_for_reloading
 from vllm.model_executor.model_loader.reload.inplace import reload_weights
 from vllm.model_executor.model_loader.utils import process_weights_after_loading
-from vllm.utils import platform_utils
+from vllm.platforms import current_platform
 from vllm.utils.math_utils import cdiv
 from vllm.v1.attention.backend import CommonAttentionMetadata
 from vllm.v1.attention.backends import rocm_attn
@@ -57,7 +57,7 @@ def gfx942(monkeypatch):
     monkeypatch.setattr(rocm, "on_mi3xx", lambda: True, raising=False)
     version = SimpleNamespace(__version__="0.1.17")
     monkeypatch.setitem(sys.modules, "aiter._version", version)
-    monkeypatch.setattr(platform_utils, "num_compute_units", lambda i=0: 304)
+    monkeypatch.setattr(current_platform, "num_compute_units", lambda i=0: 304)
     monkeypatch.setattr(rocm_aiter_ops, "is_mha_enabled", lambda: True)
     monkeypatch.setitem(globals(), "STEP", "meta")  # build() reads no GPU value
     return version
@@ -143,7 +143,7 @@ def test_every_admitted_gqa_ratio(tmp_path, gqa, dtype):
     swap is off 4x, a loss 2x), then V's alone moves, then both: the graph follows."""
     import aiter
 
-    heads, n = 8 * gqa, 2 * platform_utils.num_compute_units() // (8 * gqa) + 1
+    heads, n = 8 * gqa, 2 * current_platform.num_compute_units() // (8 * gqa) + 1
     seq_lens = [CONTEXTS[i % len(CONTEXTS)] for i in range(n)] + [0] * PAD
     pages = [cdiv(s, BLOCK) for s in seq_lens]
     free = (torch.randperm(sum(pages)) + 1).tolist()
@@ -182,7 +182,7 @@ def test_pages_over_4_gib_apart_read_as_adjacent_ones(tmp_path):
     far, near = [p for i in range(16) for p in (1 + i, end - i)], list(range(17, 49))
     for plane in model.attn.kv_cache.unbind(1):  # the same content on adjacent pages
         plane[near] = plane[far]
-    n = 2 * (platform_utils.num_compute_units() // 64 + 1)  # above the cut
+    n = 2 * (current_platform.num_compute_units() // 64 + 1)  # above the cut
     query = torch.randn(1, 64, HEAD).to(DEVICE, torch.bfloat16).expand(n, -1, -1)
     metadata = model.builder.build(0, common([512] * n, [far, near] * (n // 2)))
     out = model.run(query.contiguous(), metadata)
@@ -194,7 +194,7 @@ def test_the_builder_decides_on_host_integers(tmp_path, gfx942):
     refills the tables in place; one parting them raises where FULL graphs (the default)
     may hold asm, else sends the parted layer to HIP with one error line."""
     model = Model(tmp_path, 16, 8, 2, torch.bfloat16, scales=[(1.0, 1.0)] * 2)  # GQA 2
-    n = 2 * platform_utils.num_compute_units() // 16  # requests at the cut
+    n = 2 * current_platform.num_compute_units() // 16  # requests at the cut
     for lens in ([1] * n, [1] * n + [0, 2], [1] * (n + 1) + [0], [1] * (n + 1)):
         step = common([16] * len(lens), [[1]] * len(lens), lens)
         assert model.builder.build(0, step).use_asm_decode is (lens == [1] * (n + 1))
@@ -224,7 +224,7 @@ def test_what_keeps_every_layer_on_hip(tmp_path, gfx942):
     """The switch, AITER unsupported or before 0.1.17, a builder derived from this
     one, steps that can never pass the cut: no table bound, whatever the step."""
     model = Model(tmp_path, 16, 8, 2, torch.bfloat16, scales=[(1.0, 1.0), (2.0, 4.0)])
-    n, builder = 2 * platform_utils.num_compute_units() // 16, type(model.builder)
+    n, builder = 2 * current_platform.num_compute_units() // 16, type(model.builder)
     step = common([16] * (n + 1), [[1]] * (n + 1))  # above the cut
     tables = model.builder.build(0, step).asm_scales.values()  # four, at their scales
     for layer, (k, v) in zip(model.layers, tables, strict=True):
@@ -246,7 +246,7 @@ def test_a_fifth_scale_table_keeps_every_layer_on_hip(tmp_path, gfx942):
     """A table per distinct K and V scale, outside vLLM's KV budget: four at most."""
     scales = [(1.0, 1.0), (2.0, 4.0), (4.0, 1.0)]
     model = Model(tmp_path, 16, 8, 2, torch.bfloat16, scales=scales)
-    n = 2 * platform_utils.num_compute_units() // 16 + 1  # above the cut
+    n = 2 * current_platform.num_compute_units() // 16 + 1  # above the cut
     assert not model.builder.build(0, common([16] * n, [[1]] * n)).asm_scales
 
 
