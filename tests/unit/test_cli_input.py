@@ -394,6 +394,28 @@ CASES = {
         ["check", "passkey", "--model", "m", "--jsn", "x"],
         "vllm-rocm-asm-decode check passkey: error: unrecognized arguments: --jsn x",
     ),
+    "serve-arg-with-its-value-apart": (
+        ["bench", "serve", "--model", "m", "--serve-arg", "--max-num-seqs", "64"],
+        "unrecognized arguments: 64 (--serve-arg takes one word: "
+        "--serve-arg=--max-num-seqs=64, or --serve-arg --max-num-seqs --serve-arg 64)",
+    ),
+    # a path or value with a control character in it: still one line, no escape sequence
+    "newline-in-a-model-path": (
+        ["plan", "--model", "/nonexistent/no\nsuch"],
+        r"plan: error: model directory /nonexistent/no\nsuch does not exist",
+    ),
+    "escape-sequence-in-a-tree-path": (
+        ["upstream", "/nonexistent/x\x1b[31mred"],
+        r"upstream: error: /nonexistent/x\x1b[31mred does not exist",
+    ),
+    "line-separator-in-a-json-path": (
+        ["check", "accuracy", "--json", "/nonexistent/a\u2028b"],
+        r"/nonexistent/a\u2028b",
+    ),
+    "newline-in-an-unknown-option": (
+        ["plan", "--bo\ngus"],
+        r"plan: error: unrecognized arguments: --bo\ngus",
+    ),
 }
 
 
@@ -408,7 +430,9 @@ def run(argv):
 def test_bad_input_is_one_line_and_exit_2(case, capsys):
     argv, message = CASES[case]
     assert run(argv) == 2
-    err = capsys.readouterr().err.strip().splitlines()
+    err = capsys.readouterr().err
+    assert err.endswith("\n") and "\x1b" not in err, err
+    err = err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err
 
 
@@ -2108,3 +2132,19 @@ def test_an_existing_kernel_file_is_no_result_file():
     assert choices.unwritable("/proc/version") == (
         "is a kernel interface file (/proc, /sys), not a result file"
     )
+
+
+def test_python_dash_m_runs_the_command():
+    """``python -m vllm_rocm_asm_decode`` where the console script is not on PATH
+    (trial 15: it was "a package and cannot be directly executed")."""
+    import subprocess
+
+    for argv, code, out in ((["--version"], 0, "vllm-rocm-asm-decode "), (["plan", "-x"], 2, "")):
+        proc = subprocess.run(
+            [sys.executable, "-m", "vllm_rocm_asm_decode", *argv],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert proc.returncode == code and proc.stdout.startswith(out), proc
+        assert proc.stderr.count("\n") == (1 if code else 0), proc.stderr

@@ -256,6 +256,29 @@ def test_doctor_stops_the_run_and_a_machine_it_cannot_test_exits_2(tmp_path, cue
     assert "| serve-random | not run |" in (out / "report.md").read_text()
 
 
+def test_a_reproduction_that_finished_no_step_is_replaced_by_other_options(tmp_path):
+    """(trial 15) A run that measured nothing (doctor cannot run: no GPU) leaves its
+    --out; a rerun with other options replaces it (one that finished a step is kept:
+    test_reproduce_report), its failed steps and invocations gone."""
+    out = tmp_path / "out"
+    (out / "steps").mkdir(parents=True)
+    (out / "environment").mkdir()
+    (out / "reproduction.json").write_text(
+        json.dumps({"model": MODEL, "tp": 1, "quick": False, "dataset": None})
+    )
+    failed = {"name": "doctor", "status": "failed", "seconds": 1.0, "finished": "then"}
+    (out / "steps" / "doctor.json").write_text(json.dumps(failed | {"invocation": 1, "result": {}}))
+    (out / "environment" / "1.json").write_text(json.dumps({"argv": ["the earlier run"]}))
+    proc = run(out, free_port(), FAKE_DOCTOR_FAIL="2")  # --quick; no GPU here either
+    assert proc.returncode == 2, proc.stderr
+    first = proc.stderr.splitlines()[0]
+    said = f"replacing {out}'s reproduction of --model {MODEL} --tp 1: no step of it finished"
+    assert first == said
+    assert json.loads((out / "reproduction.json").read_text())["quick"] is True
+    assert [p.name for p in (out / "environment").iterdir()] == ["1.json"]
+    assert "the earlier run" not in (out / "environment" / "1.json").read_text()
+
+
 @pytest.mark.parametrize(
     ("sig", "code", "said"),
     [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated (SIGTERM)")],

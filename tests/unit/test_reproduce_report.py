@@ -216,12 +216,21 @@ def taken_port():
         yield s.getsockname()[1]
 
 
-def _settings_file(tmp_path: Path) -> Path:
+def _settings_file(tmp_path: Path, finished: bool = True) -> Path:
+    """An --out of a reproduction of ``--model m --quick``; its doctor step finished."""
     out = tmp_path / "earlier"
     out.mkdir()
     (out / "reproduction.json").write_text(
         json.dumps({"model": "m", "tp": 1, "quick": True, "dataset": None})
     )
+    if finished:
+        (out / "steps").mkdir()
+        (out / "steps" / "doctor.json").write_text(
+            json.dumps(
+                {"name": "doctor", "status": "ok", "seconds": 1.0, "finished": "then"}
+                | {"invocation": 1, "result": {}}
+            )
+        )
     return out
 
 
@@ -240,7 +249,15 @@ INPUT_ERRORS = {
     ),
     "step-not-in-quick": (
         [*M, "--redo", "gsm8k-asm-decode-2", "--quick"],
-        "--redo gsm8k-asm-decode-2: no such step",
+        "--redo gsm8k-asm-decode-2: no such step here (--quick leaves it out); the steps:",
+    ),
+    "step-needs-a-dataset": (
+        [*M, "--redo", "serve-sharegpt"],
+        "--redo serve-sharegpt: no such step here (it needs --dataset); the steps:",
+    ),
+    "empty-step-in-a-list": (
+        [*M, "--redo", "doctor,,kernel-skew"],
+        "argument --redo: 'doctor,,kernel-skew' has an empty step name; give STEP[,STEP]",
     ),
     "out-is-file": ([*M, "--out", __file__], "is a file"),
     "model-path": (
@@ -320,7 +337,8 @@ def test_a_rerun_with_other_options_into_the_same_out_is_refused(capsys, tmp_pat
     assert code == 2 and err.count("\n") == 1
     assert err.strip().endswith(
         f"--out {out} holds a reproduction of --model m --tp 1 --quick (this run: without "
-        "--quick); rerun with those options to resume it, or give another --out"
+        "--quick); rerun with those options to resume it, or give another --out (or remove "
+        "it: its finished steps go with it)"
     )
 
 
@@ -379,7 +397,7 @@ def test_an_out_this_command_did_not_make_is_refused_and_left_alone(case, capsys
         out.mkdir()
         (out / "report.md").write_text("mine")
     elif case == "steps-a-file":
-        out = _settings_file(tmp_path)
+        out = _settings_file(tmp_path, finished=False)
         (out / "steps").write_text("x")
     else:
         out.symlink_to(tmp_path / "nowhere" / "x")

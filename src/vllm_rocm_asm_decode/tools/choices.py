@@ -327,6 +327,16 @@ def _bounded(text: str, limit: int, what: str) -> int:
 MAX_ITERS = 10**6
 
 
+#: ``plan --max-model-len`` at most: far beyond any model's context, refused at once.
+MAX_MODEL_LEN = 2**31 - 1
+
+
+def max_model_len(text: str) -> int:
+    """``plan --max-model-len``: 1 to :data:`MAX_MODEL_LEN`, before vLLM loads (whose
+    own check against the model's context length comes later)."""
+    return _bounded(text, MAX_MODEL_LEN, "tokens")
+
+
 def iters(text: str) -> int:
     """``bench kernel --iters``: 1 to :data:`MAX_ITERS`."""
     return _bounded(text, MAX_ITERS, "graph replays per timing")

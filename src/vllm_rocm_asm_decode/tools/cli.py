@@ -21,6 +21,7 @@ import argparse
 import codecs
 import contextlib
 import errno
+import itertools
 import json
 import logging
 import os
@@ -71,7 +72,9 @@ class _Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        self.exit(2, f"{self.prog}: error: {message}\n")
+        # The line, then its newline: see _OneLineErrors.
+        self._print_message(f"{self.prog}: error: {one_line(message)}", sys.stderr)
+        self.exit(2, "\n")
 
     def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
         parsed, rest = super().parse_known_args(args, namespace)
@@ -167,7 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     plan.add_argument(
         "--max-model-len",
-        type=choices.positive_int,
+        type=choices.max_model_len,
         default=None,
         metavar="N",
         help="vLLM's --max-model-len (default: the model's context length)",
@@ -510,7 +513,7 @@ def _add_bench_kernel(bench) -> None:
         "--iters",
         type=choices.iters,
         default=100,
-        help="graph replays per timing (default 100)",
+        help=f"graph replays per timing (default 100, at most {choices.MAX_ITERS})",
     )
     p.add_argument(
         "--json", type=choices.nonempty, metavar="PATH", help="write the raw numbers as JSON"
@@ -880,6 +883,19 @@ def _glue_serve_args(argv: list[str]) -> list[str]:
     return out
 
 
+def _serve_arg_hint(argv: list[str], stray: str) -> str:
+    """Advice where the stray word follows a ``--serve-arg``, which takes one word
+    (``--serve-arg --max-num-seqs 64``); else nothing."""
+    for before, word in itertools.pairwise(argv):
+        if word == stray and before.startswith("--serve-arg="):
+            option = before.split("=", 1)[1]
+            return (
+                f" (--serve-arg takes one word: --serve-arg={option}={stray}, or "
+                f"--serve-arg {option} --serve-arg {stray})"
+            )
+    return ""
+
+
 #: The subcommand being run (``["bench", "serve"]``), for a line said after it ends.
 _running: list[str] = []
 
@@ -913,6 +929,35 @@ class _GuardedStdout:
             raise
         except OSError as exc:
             raise _StdoutError(exc) from exc
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
+#: What would break a line of ours on a terminal: C0 and C1 controls but the tab, and
+#: Unicode's line and paragraph separators.
+_CONTROLS = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def one_line(text: str) -> str:
+    """``text`` with its control characters written as Python escapes (a newline as
+    ``\\n``, ESC as ``\\x1b``): a path or value that carries one leaves an error one
+    line, and sends no escape sequence to the terminal."""
+    return _CONTROLS.sub(lambda m: m[0].encode("unicode_escape").decode("ascii"), text)
+
+
+class _OneLineErrors:
+    """sys.stderr while a command runs: a write of one of the command's own lines (they
+    begin with its name; print() writes a line and its newline apart) goes out as
+    :func:`one_line` makes it; anything else, as written."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        if text.startswith(PROG):
+            text = one_line(text)
+        return self._stream.write(text)
 
     def __getattr__(self, name: str):
         return getattr(self._stream, name)
@@ -1032,8 +1077,9 @@ def main(argv: list[str] | None = None) -> int:
     as given."""
     _keep_unencodable_text(sys.stdout, sys.stderr)
     real, real_err = sys.stdout, sys.stderr
-    if real_err is None:  # started with stderr closed (``2>&-``): what it says goes nowhere
-        sys.stderr = open(os.devnull, "w")  # closed in the finally below
+    # None: started with stderr closed (``2>&-``): what it says goes nowhere
+    errors = open(os.devnull, "w") if real_err is None else real_err  # closed below
+    sys.stderr = _OneLineErrors(errors)
     # None: started with stdout closed (``>&-``), where print() would write nothing.
     sys.stdout = _GuardedStdout(_ClosedStdout() if real is None else real)
     undo_sigterm, undo_sigint = _take_sigterm_as_ctrl_c(), _note_ctrl_c()
@@ -1063,9 +1109,9 @@ def main(argv: list[str] | None = None) -> int:
         raise
     finally:
         sys.stdout = real
+        sys.stderr = real_err
         if real_err is None:
-            sys.stderr.close()
-            sys.stderr = real_err
+            errors.close()
         undo_sigterm()
         undo_sigint()
 
@@ -1137,7 +1183,8 @@ def _main(argv: list[str] | None) -> int:
         parser.error(f"unrecognized arguments: {argv[0]} (give a command first; see --help)")
     args, extra = parser.parse_known_args(argv)
     if extra:  # said by the subcommand's parser, so the line names the subcommand
-        _leaf_parser(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
+        said = f"unrecognized arguments: {' '.join(extra)}{_serve_arg_hint(argv, extra[0])}"
+        _leaf_parser(parser, args).error(said)
     name = _name(args)
     _running[:] = name.split()
     if name in HEAVY:

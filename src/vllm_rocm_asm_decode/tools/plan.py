@@ -212,7 +212,20 @@ def _model_config(model_dir: Path, label: str, dtype: str, max_model_len: int | 
             ) from exc
         if broken := _broken_json(model_dir):
             raise PlanError(f"vLLM refuses {label}: {broken}") from exc
+        longest = _LONGER_THAN_THE_MODEL.search(str(exc))
+        if max_model_len is not None and longest:
+            raise PlanError(
+                f"--max-model-len {max_model_len} is more than {label}'s context length, "
+                f"{longest[2]} ({longest[1]} in its config.json, as vLLM derives it); give "
+                f"--max-model-len {longest[2]} or less"
+            ) from exc
         raise PlanError(f"vLLM refuses {label}: {_what_is_wrong(exc)}") from exc
+
+
+#: vLLM's refusal of a --max-model-len above the model's: the key and its value.
+_LONGER_THAN_THE_MODEL = re.compile(
+    r"is greater than the derived max_model_len \((\w+)=(\d+)(?:\.0)?\b"
+)
 
 
 def _broken_json(model_dir: Path) -> str | None:

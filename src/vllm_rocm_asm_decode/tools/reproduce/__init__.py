@@ -26,7 +26,9 @@ accurate?"):
 
 Each step writes its result into --out DIR as it finishes; running the same command
 again skips the steps that finished and retries those that failed (--redo STEP runs a
-finished one again). A failed step is reported as failed, never dropped. The
+finished one again); other options into the same DIR are refused once a step has
+finished there, and replace a reproduction that finished none. A failed step is
+reported as failed, never dropped. The
 environment of each invocation (GPU, ROCm, the --vllm executable and what it answers
 to --version, the --lm-eval executable (its version is what its GSM8K results name),
 AITER, model, settings, git revision) is recorded beside the results. At the end, and

@@ -68,6 +68,10 @@ def main(args: argparse.Namespace) -> int:
             "wrote: give another --out"
         )
     else:
+        replaced = None  # an earlier reproduction of other options that measured nothing
+        if stored is not None and stored != options.settings_of(args).to_json():
+            if not any(_finished(store, s.name) for s in plan(Settings(**stored))):
+                replaced, stored = Settings(**stored), None
         problem = problem or options.problem(args, stored)
     if problem:
         print(f"{PROG}: error: {problem}", file=sys.stderr)
@@ -92,6 +96,8 @@ def main(args: argparse.Namespace) -> int:
     )
     try:
         store.root.mkdir(parents=True, exist_ok=True)
+        if replaced is not None:
+            store.start_over(step.name for step in plan(replaced))
         store.save_settings(settings.to_json())
         for group in args.redo:
             for name in group:
@@ -101,6 +107,10 @@ def main(args: argparse.Namespace) -> int:
     records = {s.name: _readable(settings, steps, s.name, store.record(s.name)) for s in steps}
     done = {n for n, r in records.items() if r is not None and r.ok}
     progress = Progress(steps, done)
+    if replaced is not None:
+        progress.note(
+            f"replacing {args.out}'s reproduction of {replaced.describe()}: no step of it finished"
+        )
     stopped: str | None = None
     cannot_run = False  # doctor's self-test cannot run on this machine
     interrupted = ""  # what stopped the run: Ctrl-C or SIGTERM
@@ -164,6 +174,12 @@ def _out_error(out: str, exc: OSError) -> int:
 
 #: What a step record that this command did not write can raise when it is reported.
 _NOT_OURS = (KeyError, TypeError, ValueError, IndexError, AttributeError)
+
+
+def _finished(store: Store, name: str) -> bool:
+    """Whether the step ``name`` finished in ``store`` (a failed step did not)."""
+    record = store.record(name)
+    return record is not None and record.ok
 
 
 def _readable(settings, steps, name: str, rec: StepRecord | None) -> StepRecord | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from .. import choices
@@ -105,9 +106,13 @@ def add_parser(sub, documented: Callable[..., argparse.ArgumentParser]) -> None:
 
 
 def _step_list(text: str) -> list[str]:
-    found = [n.strip() for n in text.split(",") if n.strip()]
-    if not found:
+    """``STEP[,STEP]``: step names, none of them empty (``doctor,,kernel-skew`` is a typo
+    as likely as not, so it is refused, as the other list options refuse one)."""
+    found = [n.strip() for n in text.split(",")]
+    if not any(found):
         raise argparse.ArgumentTypeError("give a step name")
+    if "" in found:
+        raise argparse.ArgumentTypeError(f"{text!r} has an empty step name; give STEP[,STEP]")
     return found
 
 
@@ -179,7 +184,14 @@ def problem(args: argparse.Namespace, stored: dict | None) -> str | None:
     known = names(settings)
     unknown = [n for group in args.redo for n in group if n not in known]
     if unknown:
-        return f"--redo {unknown[0]}: no such step here; the steps: {', '.join(known)}"
+        why, step = "", unknown[0]  # a step these options leave out: say which one does
+        if settings.quick and step in names(replace(settings, quick=False)):
+            why = " (--quick leaves it out)"
+        elif not settings.dataset and step in names(replace(settings, dataset="x")):
+            why = " (it needs --dataset)"
+        elif step in names(replace(settings, quick=False, dataset="x")):
+            why = " (it needs --dataset, without --quick)"
+        return f"--redo {unknown[0]}: no such step here{why}; the steps: {', '.join(known)}"
     if why := choices.uncreatable_dir(args.out):
         return f"--out {args.out} {why}"
     path = Path(os.path.expanduser(args.model))  # ~nosuchuser stays as written
@@ -211,7 +223,7 @@ def problem(args: argparse.Namespace, stored: dict | None) -> str | None:
         return (
             f"--out {args.out} holds a reproduction of {was.describe()} (this run: "
             f"{_differences(was, settings)}); rerun with those options to resume it, or "
-            "give another --out"
+            "give another --out (or remove it: its finished steps go with it)"
         )
     if bad := choices.plugin_settings_problem():
         return bad

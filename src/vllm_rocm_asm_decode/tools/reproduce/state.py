@@ -122,6 +122,14 @@ class Store:
         self.step_path(name).unlink(missing_ok=True)
         shutil.rmtree(self.files(name), ignore_errors=True)
 
+    def start_over(self, names: Iterable[str]) -> None:
+        """A reproduction of other options that finished no step is replaced: its
+        steps' records and files and its invocations' environments go."""
+        for name in names:
+            self.forget(name)
+        for path in self._environment_files():
+            path.unlink(missing_ok=True)
+
     def fresh_files(self, name: str) -> Path:
         """The step's files directory, emptied of an earlier unfinished attempt."""
         path = self.files(name)

@@ -202,6 +202,10 @@ _STAGE_1_CAP = """\
         self._asm_filled = {} if why else self._asm_filled
 """
 
+_STAGE_1_TABLE_GATE = (
+    '            (num_tables > 4, f"{num_tables} tables > 4"),  # one a K or V scale: memory\n'
+)
+
 _STAGE_1_TABLES = """\
             for key in {(0, both[0]), (1, both[1])} - tables.keys():  # K 0, V 1
                 tables[key] = layer.kv_cache.new_full(shape, key[1], dtype=torch.float)
@@ -620,14 +624,17 @@ def stage2_paged_decode(src: Source) -> None:
 _STAGE_3_BIND = (
     _STAGE_1_BIND.replace(_STAGE_1_TABLES_DECL, "")
     .replace(_STAGE_1_CAP, _STAGE_1_CAP.split("\n", 1)[1])  # no cap: no keys
-    .replace('            (num_tables > 4, f"{num_tables} tables > 4"),  # one a K or V scale: memory\n', "")
+    .replace(_STAGE_1_TABLE_GATE, "")
     .replace(
         _STAGE_1_TABLES,
         "            self._asm_scales[layer] = self._asm_tables.get(layer, shape)\n",
     )
     .replace("for layer, both in self._asm_filled.items():", "for layer in self._asm_filled:")
 )
-assert all(t in _STAGE_1_BIND for t in (_STAGE_1_TABLES, _STAGE_1_TABLES_DECL, _STAGE_1_CAP))
+assert all(
+    t in _STAGE_1_BIND
+    for t in (_STAGE_1_TABLES, _STAGE_1_TABLES_DECL, _STAGE_1_CAP, _STAGE_1_TABLE_GATE)
+)
 assert not re.search(r"num_tables|tables > 4", _STAGE_3_BIND)  # every trace of the cap replaced
 
 _TABLES_INIT = """\
