@@ -182,38 +182,38 @@ _METADATA_FIELDS = """\
     asm_scales: dict[torch.nn.Module, tuple[torch.Tensor, torch.Tensor]] | None = None"""
 
 _BUILDER_INIT = """\
-        on = vllm_config.attention_config.use_aiter_asm_decode  # not in subclasses
-        self._asm_to_bind = on and type(self) is RocmAttentionMetadataBuilder
+        switch = vllm_config.attention_config.use_aiter_asm_decode
+        self._asm_to_bind = switch and type(self) is RocmAttentionMetadataBuilder
         self._asm_cut = 0  # set when the layers are bound (build())
         self._asm_scales: dict[torch.nn.Module, tuple[torch.Tensor, torch.Tensor]] = {}
         self._asm_filled: dict[torch.nn.Module, tuple[float, float]] = {}"""
 
 _STAGE_1_CAP = """\
-        num_tables = len({kv for s in self._asm_filled.values() for kv in enumerate(s)})
+        keys = {kv for k, v in self._asm_filled.values() for kv in (("K", k), ("V", v))}
         max_heads = self.vllm_config.scheduler_config.max_num_seqs * self.num_heads_q
         gates = (  # each keeps every layer on HIP
             (not self._asm_filled, "no layer qualifies"),
             (not rocm_aiter_ops.is_mha_enabled(), "VLLM_ROCM_USE_AITER(_MHA) is off"),
             (max_heads <= self._asm_cut, f"max_num_seqs x heads <= {self._asm_cut}"),
             (old, f"AITER {version}, need 0.1.17"),
-            (num_tables > 4, f"{num_tables} tables > 4"),  # one a K or V scale: memory
+            (len(keys) > 4, f"{len(keys)} tables > 4"),  # beside the KV budget
         )
         why = next((reason for closed, reason in gates if closed), "")
         self._asm_filled = {} if why else self._asm_filled
 """
 
 _STAGE_1_TABLE_GATE = (
-    '            (num_tables > 4, f"{num_tables} tables > 4"),  # one a K or V scale: memory\n'
+    '            (len(keys) > 4, f"{len(keys)} tables > 4"),  # beside the KV budget\n'
 )
 
 _STAGE_1_TABLES = """\
-            for key in {(0, both[0]), (1, both[1])} - tables.keys():  # K 0, V 1
+            for key in {("K", k_scale), ("V", v_scale)} - tables.keys():
                 tables[key] = layer.kv_cache.new_full(shape, key[1], dtype=torch.float)
-            self._asm_scales[layer] = (tables[(0, both[0])], tables[(1, both[1])])
+            self._asm_scales[layer] = (tables["K", k_scale], tables["V", v_scale])
 """
 
 _STAGE_1_TABLES_DECL = (
-    "        tables: dict[tuple[int, float], torch.Tensor] = {}  # by (K 0 / V 1, scale)\n"
+    "        tables: dict[tuple[str, float], torch.Tensor] = {}  # fp32, by (K or V, scale)\n"
 )
 
 _STAGE_1_BIND = (
@@ -244,7 +244,7 @@ _STAGE_1_BIND = (
     + _STAGE_1_CAP
     + _STAGE_1_TABLES_DECL
     + """\
-        for layer, both in self._asm_filled.items():
+        for layer, (k_scale, v_scale) in self._asm_filled.items():
             shape = (layer.kv_cache.shape[0], layer.impl.num_kv_heads, _ASM_BLOCK_SIZE)
 """
     + _STAGE_1_TABLES
@@ -629,13 +629,16 @@ _STAGE_3_BIND = (
         _STAGE_1_TABLES,
         "            self._asm_scales[layer] = self._asm_tables.get(layer, shape)\n",
     )
-    .replace("for layer, both in self._asm_filled.items():", "for layer in self._asm_filled:")
+    .replace(
+        "for layer, (k_scale, v_scale) in self._asm_filled.items():",
+        "for layer in self._asm_filled:",
+    )
 )
 assert all(
     t in _STAGE_1_BIND
     for t in (_STAGE_1_TABLES, _STAGE_1_TABLES_DECL, _STAGE_1_CAP, _STAGE_1_TABLE_GATE)
 )
-assert not re.search(r"num_tables|tables > 4", _STAGE_3_BIND)  # every trace of the cap replaced
+assert not re.search(r"\bkeys\b|tables > 4", _STAGE_3_BIND)  # every trace of the cap replaced
 
 _TABLES_INIT = """\
         # Per-slot scale tables for AITER's asm decode, released with this builder.
