@@ -805,7 +805,13 @@ def test_the_pull_request_texts_are_short_shipped_and_in_the_docs(stage):
         )
         facts += (f"AITER {at_least} 0.1.17", "issue 3062", f"1{dash}16 unchanged")
         facts += ("0.9239 \u2192 0.9213", "default precision", "40960", "cudagraph_mode=FULL")
-        facts += ("output_scale", "two at least", "gqa8", "**Tests** (23; a CPU passes 6, skips 17)", "17 GPU tests")
+        facts += (
+            "output_scale",
+            "two at least",
+            "gqa8",
+            "**Tests** (23; a CPU passes 6, skips 17)",
+            "17 GPU tests",
+        )
         facts += ("Not a duplicate", "AI-assisted", "max_page_id")
         flat = " ".join(text.split())  # as a reader reads it, whatever the wrapping
         for fact in facts:
