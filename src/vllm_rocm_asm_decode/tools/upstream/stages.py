@@ -459,7 +459,7 @@ def stage1_aiter_ops(src: Source) -> None:
 
 _CONFIG_FIELD = '''
     use_aiter_asm_decode: bool = False
-    """ROCM_ATTN with AITER on: decode large fp8-KV batches with AITER's pa_fwd_asm."""'''
+    """ROCM_ATTN: large fp8-KV decodes on pa_fwd_asm; needs VLLM_ROCM_USE_AITER=1."""'''
 
 
 def stage1_attention_config(src: Source) -> None:
