@@ -26,4 +26,3 @@ def _trust_this_aiter(monkeypatch):
 # own); the in-tree session runs them, the first on the contract model.
 del test_the_builder_decides_on_host_integers  # noqa: F821
 del test_what_keeps_every_layer_on_hip  # noqa: F821
-del test_a_fifth_scale_table_keeps_every_layer_on_hip  # noqa: F821

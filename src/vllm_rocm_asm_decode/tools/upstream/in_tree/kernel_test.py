@@ -166,7 +166,8 @@ def test_every_admitted_gqa_ratio(tmp_path, gqa, dtype):
     for k, v in ((0.5, 2.0), (0.5, 0.5), (0.25, 4.0)):
         model.reload((k, v))
         eager = replace(model.builder.build(0, step), use_asm_decode=False)  # refills
-        hip = model.run(query, eager)[:-PAD].float()
+        with mock.patch.object(rocm_aiter_ops, "pa_fwd_asm", side_effect=RuntimeError):
+            hip = model.run(query, eager)[:-PAD].float()  # the reference: HIP's
         out[:-PAD] = torch.nan  # rows the kernel leaves unwritten stay NaN
         graph.replay()
         torch.testing.assert_close(out[:-PAD].float(), hip, atol=ASM_MAX * v, rtol=0)
@@ -195,9 +196,13 @@ def test_the_builder_decides_on_host_integers(tmp_path, gfx942):
     may hold asm, else sends the parted layer to HIP with one error line."""
     model = Model(tmp_path, 16, 8, 2, torch.bfloat16, scales=[(1.0, 1.0)] * 2)  # GQA 2
     n = 2 * current_platform.num_compute_units() // 16  # requests at the cut
+    hip = mock.patch.object(rocm_attn, "chunked_prefill_paged_decode")
     for lens in ([1] * n, [1] * n + [0, 2], [1] * (n + 1) + [0], [1] * (n + 1)):
         step = common([16] * len(lens), [[1]] * len(lens), lens)
-        assert model.builder.build(0, step).use_asm_decode is (lens == [1] * (n + 1))
+        metadata = model.builder.build(0, step)
+        with hip, mock.patch.object(rocm_aiter_ops, "pa_fwd_asm") as pa:
+            model.run(torch.zeros(sum(lens), 16, HEAD, device=DEVICE), metadata)
+        assert metadata.use_asm_decode is pa.called is (lens == [1] * (n + 1))
     k, v = model.builder.build_for_cudagraph_capture(step).asm_scales[model.attn]
     model.reload((0.5, 2.0), (0.5, 2.0))
     model.builder.build(0, step)  # refills the tables the graphs hold, in place
@@ -214,16 +219,16 @@ def test_the_builder_decides_on_host_integers(tmp_path, gfx942):
     [(layer, (k, v))] = metadata.asm_scales.items()
     assert layer is model.layers[1] and (k == layer._k_scale).all()
     assert error.call_count == 1 and "layers.0 left" in str(error.call_args)
-    hip = mock.patch.object(rocm_attn, "chunked_prefill_paged_decode")
     with hip as stock, mock.patch.object(rocm_aiter_ops, "pa_fwd_asm") as pa:
         model.run(torch.zeros(n + 1, 16, HEAD, device=DEVICE), metadata)  # layers.0
     assert metadata.use_asm_decode and stock.called and not pa.called
 
 
 def test_what_keeps_every_layer_on_hip(tmp_path, gfx942):
-    """The switch, AITER unsupported or before 0.1.17, a builder derived from this
-    one, steps that can never pass the cut: no table bound, whatever the step."""
-    model = Model(tmp_path, 16, 8, 2, torch.bfloat16, scales=[(1.0, 1.0), (2.0, 4.0)])
+    """No table bound, whatever the step: the switch off, AITER unsupported or before
+    0.1.17, a builder derived from this one, a layer the rule rejects, steps that can
+    never pass the cut, a fifth scale table (they lie beside vLLM's KV budget)."""
+    model = Model(tmp_path, 16, 8, 2, torch.bfloat16, [(1.0, 1.0), (2.0, 4.0)] * 2)
     n, builder = 2 * current_platform.num_compute_units() // 16, type(model.builder)
     step = common([16] * (n + 1), [[1]] * (n + 1))  # above the cut
     tables = model.builder.build(0, step).asm_scales.values()  # four, at their scales
@@ -238,16 +243,12 @@ def test_what_keeps_every_layer_on_hip(tmp_path, gfx942):
         assert not builder(*model.args).build(0, step).asm_scales
     derived = type("Derived", (builder,), {})  # a backend built on ROCM_ATTN's
     assert not derived(*model.args).build(0, step).asm_scales
+    with mock.patch("vllm.platforms.rocm.on_mi3xx", lambda: False):  # the rule says no
+        assert not builder(*model.args).build(0, step).asm_scales
+    model.reload((1.0, 1.0), (2.0, 4.0), (1.0, 1.0), (4.0, 4.0))  # K 4.0: a fifth table
+    assert not builder(*model.args).build(0, step).asm_scales
     model.config.scheduler_config.max_num_seqs = n  # n x 16 query heads: at the cut
     assert not builder(*model.args).build(0, step).asm_scales
-
-
-def test_a_fifth_scale_table_keeps_every_layer_on_hip(tmp_path, gfx942):
-    """A table per distinct K and V scale, outside vLLM's KV budget: four at most."""
-    scales = [(1.0, 1.0), (2.0, 4.0), (4.0, 1.0)]
-    model = Model(tmp_path, 16, 8, 2, torch.bfloat16, scales=scales)
-    n = 2 * current_platform.num_compute_units() // 16 + 1  # above the cut
-    assert not model.builder.build(0, common([16] * n, [[1]] * n)).asm_scales
 
 
 def rule(path, head=HEAD, block=BLOCK, lbhnc=False, mi3xx=True, model=None, n=4, **kw):
@@ -264,10 +265,8 @@ def rule(path, head=HEAD, block=BLOCK, lbhnc=False, mi3xx=True, model=None, n=4,
 EDGE = dict(num_heads=64, kv_cache_dtype="fp8_e4m3", n=2**22 - 1)  # tables < 2 GiB
 EDGE |= dict(model=dict(dtype=torch.float16, max_model_len=40960))
 WRONG = dict(mi3xx=False, kv_cache_dtype="fp8_e5m2", block=32, head=256, num_heads=72)
-WRONG |= dict(
-    scale=1.001 / 256**0.5, sliding_window=64, alibi_slopes=[0.5] * 72, lbhnc=True
-)
-WRONG |= dict(logits_soft_cap=30.0, sinks=torch.zeros(72), n=2**22)  # 2**25 block-heads
+WRONG |= dict(scale=1.001 / 256**0.5, sliding_window=64, lbhnc=True, n=2**22)  # 2 GiB
+WRONG |= dict(alibi_slopes=[0.5] * 72, logits_soft_cap=30.0, sinks=torch.zeros(72))
 WRONG |= dict(model=dict(dtype=torch.float32, max_model_len=40961))
 RULE = {"fp16-e4m3-gqa8-40960": (EDGE, 0), "every-clause": (WRONG, 14)}
 RULE |= {"encoder": (dict(attn_type="encoder_only"), 1)}
