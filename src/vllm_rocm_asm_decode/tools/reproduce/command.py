@@ -57,6 +57,7 @@ def summary(step: Step, record: StepRecord) -> str:
 def main(args: argparse.Namespace) -> int:
     store = Store(Path(args.out))
     problem = options.out_problem(args.out)
+    replaced = None  # an earlier reproduction of other options that finished no step
     try:
         fields = Settings.__dataclass_fields__
         stored = store.settings(fields) if not problem and os.path.isdir(store.root) else None
@@ -68,7 +69,6 @@ def main(args: argparse.Namespace) -> int:
             "wrote: give another --out"
         )
     else:
-        replaced = None  # an earlier reproduction of other options that measured nothing
         if stored is not None and stored != options.settings_of(args).to_json():
             if not any(_finished(store, s.name) for s in plan(Settings(**stored))):
                 replaced, stored = Settings(**stored), None

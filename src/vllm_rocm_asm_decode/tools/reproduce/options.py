@@ -191,7 +191,7 @@ def problem(args: argparse.Namespace, stored: dict | None) -> str | None:
             why = " (it needs --dataset)"
         elif step in names(replace(settings, quick=False, dataset="x")):
             why = " (it needs --dataset, without --quick)"
-        return f"--redo {unknown[0]}: no such step here{why}; the steps: {', '.join(known)}"
+        return f"--redo {step}: no such step here{why}; the steps: {', '.join(known)}"
     if why := choices.uncreatable_dir(args.out):
         return f"--out {args.out} {why}"
     path = Path(os.path.expanduser(args.model))  # ~nosuchuser stays as written

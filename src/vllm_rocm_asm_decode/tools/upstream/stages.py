@@ -188,7 +188,13 @@ _BUILDER_INIT = """\
         self._asm_scales: dict[torch.nn.Module, tuple[torch.Tensor, torch.Tensor]] = {}
         self._asm_filled: dict[torch.nn.Module, tuple[float, float]] = {}"""
 
-_STAGE_1_CAP = """\
+#: The cap's own gate, which stage 3 removes with the cap.
+_STAGE_1_TABLE_GATE = (
+    '            (len(keys) > 4, f"{len(keys)} tables > 4"),  # beside the KV budget\n'
+)
+
+_STAGE_1_CAP = (
+    """\
         keys = {kv for k, v in self._asm_filled.values() for kv in (("K", k), ("V", v))}
         max_heads = self.vllm_config.scheduler_config.max_num_seqs * self.num_heads_q
         gates = (  # each keeps every layer on HIP
@@ -196,14 +202,13 @@ _STAGE_1_CAP = """\
             (not rocm_aiter_ops.is_mha_enabled(), "VLLM_ROCM_USE_AITER(_MHA) is off"),
             (max_heads <= self._asm_cut, f"max_num_seqs x heads <= {self._asm_cut}"),
             (old, f"AITER {version}, need 0.1.17"),
-            (len(keys) > 4, f"{len(keys)} tables > 4"),  # beside the KV budget
+"""
+    + _STAGE_1_TABLE_GATE
+    + """\
         )
         why = next((reason for closed, reason in gates if closed), "")
         self._asm_filled = {} if why else self._asm_filled
 """
-
-_STAGE_1_TABLE_GATE = (
-    '            (len(keys) > 4, f"{len(keys)} tables > 4"),  # beside the KV budget\n'
 )
 
 _STAGE_1_TABLES = """\
