@@ -148,7 +148,7 @@ def test_an_aiter_before_0_1_17_keeps_every_layer_on_hip(
 ):
     """AITER before 0.1.17 misreads KV block ids >= 65536 (AITER issue 3062), one of
     unknown version (no ``aiter._version``, or one that is no version) may: every layer
-    keeps the HIP decode, one info line says why, and the count line says none decodes
+    keeps the HIP decode, one warning line says why, and the count line says none decodes
     on asm. From 0.1.17 on, asm."""
     if version is None:
         monkeypatch.delenv("ASM_DECODE_TEST_AITER_VERSION")
@@ -161,6 +161,7 @@ def test_an_aiter_before_0_1_17_keeps_every_layer_on_hip(
     named = "of unknown version" if version in (None, "unknown") else version
     why = f"ROCM_ATTN: AITER pa_fwd_asm decodes 0 of 2 layers (AITER {named}, need 0.1.17)"
     assert plugin_log.count(why) == 1 and sum("pa_fwd_asm" in m for m in plugin_log) == 1
+    assert plugin_log.levels[plugin_log.index(why)] == "WARNING"
     monkeypatch.setenv("ASM_DECODE_TEST_AITER_VERSION", "0.1.17")
     model = harness.build_model(tmp_path / "fixed", num_layers=2)
     assert model.builder.build(0, batch.common).use_asm_decode
@@ -271,7 +272,8 @@ def test_its_attention_config_switch_is_off_by_default_and_turns_it_on(tmp_path,
 @in_tree_only
 def test_aiters_mha_switch_turns_it_off_too(tmp_path, kernels, monkeypatch, plugin_log):
     """``VLLM_ROCM_USE_AITER_MHA=0`` keeps every step on HIP; with the switch on, the
-    one info line says why (review 34: a switch turned on must not do nothing silently)."""
+    one warning line says why (reviews 34, 40: a switch turned on must not do nothing
+    silently)."""
     from vllm._aiter_ops import rocm_aiter_ops
 
     monkeypatch.setenv("VLLM_ROCM_USE_AITER_MHA", "0")
@@ -283,6 +285,7 @@ def test_aiters_mha_switch_turns_it_off_too(tmp_path, kernels, monkeypatch, plug
         said = "decodes 0 of 1 layers (VLLM_ROCM_USE_AITER(_MHA) is off)"
         lines = [m for m in plugin_log if "pa_fwd_asm decodes" in m]
         assert lines == [f"ROCM_ATTN: AITER pa_fwd_asm {said}"]
+        assert plugin_log.levels[plugin_log.index(lines[0])] == "WARNING"
     finally:
         monkeypatch.undo()
         rocm_aiter_ops.refresh_env_variables()

@@ -254,9 +254,10 @@ _STAGE_1_BIND = (
 """
     + _STAGE_1_TABLES
     + """\
+        log = logger.warning_once if why else logger.info_once
         why = f"({why})" if why else f"above {self._asm_cut} query heads"
         msg = "ROCM_ATTN: AITER pa_fwd_asm decodes %d of %d layers %s%s"
-        logger.info_once(msg, len(self._asm_scales), len(self.layer_names), why, denied)
+        log(msg, len(self._asm_scales), len(self.layer_names), why, denied)
 """
 )
 
@@ -280,8 +281,7 @@ _STAGE_1_RELOAD = """\
         if stale:
             names = ", ".join(x.layer_name for x in stale)
             why = f"Reloaded KV scales of {names} left their shared asm scale tables"
-            graphs = self.vllm_config.compilation_config.cudagraph_mode  # drafters' too
-            if graphs.has_full_cudagraphs():  # replays of pa_fwd_asm read old scales
+            if self.vllm_config.compilation_config.cudagraph_mode.has_full_cudagraphs():
                 fix = "-ac.use_aiter_asm_decode=false or -cc.cudagraph_mode=PIECEWISE"
                 raise RuntimeError(f"{why} (under FULL graphs); restart with {fix}")
             logger.error("%s: they use the HIP decode until a restart", why)

@@ -157,12 +157,9 @@ def test_every_admitted_gqa_ratio(tmp_path, gqa, dtype):
     out, graph = torch.zeros_like(query), torch.cuda.CUDAGraph()  # padding rows: 0
     with mock.patch.object(aiter, "pa_fwd_asm", wraps=aiter.pa_fwd_asm) as pa:
         model.run(query, metadata, out)  # warm up
-        with mock.patch.object(rocm_attn, "chunked_prefill_paged_decode") as stock:
-            model.run(query, metadata, out, torch.ones((), device=DEVICE))
         with torch.cuda.graph(graph):
             model.run(query, metadata, out)
     assert [call.kwargs["high_precision"] for call in pa.call_args_list] == [2, 2]
-    assert stock.called  # an output quant fused into attention: HIP
     for k, v in ((0.5, 2.0), (0.5, 0.5), (0.25, 4.0)):
         model.reload((k, v))
         eager = replace(model.builder.build(0, step), use_asm_decode=False)  # refills
@@ -204,6 +201,12 @@ def test_the_builder_decides_on_host_integers(tmp_path, gfx942):
             model.run(torch.zeros(sum(lens), 16, HEAD, device=DEVICE), metadata)
         assert metadata.use_asm_decode is pa.called is (lens == [1] * (n + 1))
     k, v = model.builder.build_for_cudagraph_capture(step).asm_scales[model.attn]
+    kw = pa.call_args.kwargs  # the layer's own tables, the ultra-precision kernel
+    assert kw["K_QScale"] is k and kw["V_QScale"] is v and kw["high_precision"] == 2
+    query = torch.zeros(n + 1, 16, HEAD, device=DEVICE)  # the asm step's
+    with hip as stock, mock.patch.object(rocm_aiter_ops, "pa_fwd_asm") as pa:
+        model.run(query, metadata, scale=torch.ones(()))  # an output quant fused in
+    assert stock.called and not pa.called
     model.reload((0.5, 2.0), (0.5, 2.0))
     model.builder.build(0, step)  # refills the tables the graphs hold, in place
     assert (k == model.attn._k_scale).all() and (v == model.attn._v_scale).all()
@@ -220,7 +223,7 @@ def test_the_builder_decides_on_host_integers(tmp_path, gfx942):
     assert layer is model.layers[1] and (k == layer._k_scale).all()
     assert error.call_count == 1 and "layers.0 left" in str(error.call_args)
     with hip as stock, mock.patch.object(rocm_aiter_ops, "pa_fwd_asm") as pa:
-        model.run(torch.zeros(n + 1, 16, HEAD, device=DEVICE), metadata)  # layers.0
+        model.run(query, metadata)  # layers.0
     assert metadata.use_asm_decode and stock.called and not pa.called
 
 
@@ -245,9 +248,9 @@ def test_what_keeps_every_layer_on_hip(tmp_path, gfx942):
     assert not derived(*model.args).build(0, step).asm_scales
     with mock.patch("vllm.platforms.rocm.on_mi3xx", lambda: False):  # the rule says no
         assert not builder(*model.args).build(0, step).asm_scales
+    with mock.patch.object(model.config.scheduler_config, "max_num_seqs", n):
+        assert not builder(*model.args).build(0, step).asm_scales  # n x 16: the cut
     model.reload((1.0, 1.0), (2.0, 4.0), (1.0, 1.0), (4.0, 4.0))  # K 4.0: a fifth table
-    assert not builder(*model.args).build(0, step).asm_scales
-    model.config.scheduler_config.max_num_seqs = n  # n x 16 query heads: at the cut
     assert not builder(*model.args).build(0, step).asm_scales
 
 
