@@ -60,6 +60,20 @@ def test_a_max_model_len_past_the_validated_40960_keeps_hip():
     assert any("with --max-model-len 40960 or less" in n for n in plan.notes)
 
 
+def test_max_model_len_and_an_old_aiter_are_both_named_and_no_note_says_only_one():
+    """(trial 16) Lowering max_model_len would not be enough: AITER of unknown version
+    misreads a cache of 200000 blocks, so the layers' line names both and no note says
+    that max_model_len alone keeps HIP."""
+    plan = make_plan(
+        model="llama-3.1-8b-instruct", gpu="mi300x", tensor_parallel_size=2,
+        aiter_version=None, num_gpu_blocks=200000,
+    )  # fmt: skip
+    assert not plan.eligible and len(plan.reasons) == 2
+    assert "max_model_len 131072 > 40960" in plan.reasons
+    assert any("misread KV blocks >= 65536" in r for r in plan.reasons)
+    assert not any("40960 or less" in n for n in plan.notes)
+
+
 @pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8_e5m2"])
 def test_a_kv_cache_the_kernel_cannot_read_says_which_one_it_reads(kv_cache_dtype):
     """(trial 12) The plan says how to get asm, not only that every layer keeps HIP."""

@@ -30,6 +30,7 @@ from ..eligibility import (
     VALIDATED_CONTEXT,
     default_cut,
     describe_cut,
+    guard_reasons,
     kv_page_bytes,
     rejection_reasons,
     resolve_cut,
@@ -648,6 +649,12 @@ def make_plan(
         rejection_reasons(layer.impl, layer.kv_cache, model_config, table, aiter)
         for layer in layers
     ]
+    # A layer kept on HIP by max_model_len alone also gets what AITER's guards would say
+    # were it lowered, so that no note promises that lowering it is enough.
+    for reasons, layer in zip(per_layer, layers, strict=True):
+        if reasons and all(r.startswith("max_model_len ") for r in reasons):
+            guards = guard_reasons(layer.impl, layer.kv_cache, model_config, table, aiter)
+            reasons += [g for g in guards if g not in reasons]
     notes: list[str] = []
     in_tree = vllm_carries_asm_decode()
     if in_tree:
