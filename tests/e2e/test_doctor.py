@@ -431,3 +431,37 @@ def test_doctor_json_prints_its_object_with_a_bad_logging_level(aiter_version, m
         "ok": False,
         "detail": BAD_LEVEL,
     }
+
+
+@pytest.mark.parametrize(
+    ("init", "error"),
+    [('raise ImportError("boom")', "ImportError: boom"),
+     ('__version__ = "0.33.0"', "ModuleNotFoundError: No module named 'vllm.envs'")],
+    ids=["raises", "a-version-only"],
+)  # fmt: skip
+@pytest.mark.parametrize("json_out", [False, True], ids=["text", "json"])
+def test_a_vllm_that_does_not_import_is_a_failed_check(tmp_path, init, error, json_out):
+    """(trial 16) A vLLM first on the path that fails to import is reported, not a
+    one-line crash: a FAIL line for the vllm check naming the error, the checks that need
+    no vLLM, no self-test, exit 2; ``--json`` still prints its one object."""
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "vllm").mkdir()
+    (tmp_path / "vllm" / "__init__.py").write_text(init + "\n")
+    env = os.environ | {"PYTHONPATH": str(tmp_path)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "vllm_rocm_asm_decode", "doctor", *["--json"] * json_out],
+        capture_output=True, text=True, timeout=120, env=env,
+    )  # fmt: skip
+    assert proc.returncode == 2 and proc.stderr == "", proc
+    detail = f"the vLLM at {tmp_path / 'vllm'} does not import ({error})"
+    if json_out:
+        report = json.loads(proc.stdout)
+        assert not checks(report)["vllm"]["ok"] and detail in checks(report)["vllm"]["detail"]
+        assert list(checks(report)) == ["settings", "logging-level", "vllm", "entry-point"]
+        assert report["self_test"] == doctor.NO_VLLM and report["exit_code"] == 2
+    else:
+        assert f"  FAIL  vllm                 {detail}" in proc.stdout
+        assert f"vLLM       not importable ({tmp_path / 'vllm'})" in proc.stdout

@@ -41,6 +41,8 @@ EXIT_MEANINGS = {
     2: "the GPU self-test could not run here (whatever the checks above say: FAIL "
     "lines name what else is wrong)",
 }
+#: The self-test's state where the vLLM this Python finds does not import.
+NO_VLLM = "not run: vLLM does not import"
 #: The GQA ratios the shipped ultra-precision kernels serve (each rounds up to 8).
 GQA_RATIOS = range(1, 9)
 
@@ -221,18 +223,12 @@ def kernel_rows(table: KernelTable) -> list[dict[str, Any]]:
     return list(picked.values())
 
 
-def environment() -> Report:
-    """The environment part: everything but the GPU self-test."""
-    from ..plugin import inactive_reason
-    from ..vllm_support import EXTENSION_POINTS, another_vllm_first, vllm_mismatch
-    from .validation.gpu import rocm_gpu_problem
-
-    checks: list[Check] = []
+def _checks_without_vllm() -> list[Check]:
+    """The settings and ``VLLM_LOGGING_LEVEL`` checks, which need no vLLM."""
     bad = settings.problems()
-    checks.append(
-        Check("settings", not bad, "; ".join(bad) or "every VLLM_ROCM_ASM_DECODE* value is valid")
+    settings_check = Check(
+        "settings", not bad, "; ".join(bad) or "every VLLM_ROCM_ASM_DECODE* value is valid"
     )
-
     level = os.environ.get("VLLM_LOGGING_LEVEL")
     level_problem = settings.logging_level_problem()  # vLLM's logging set-up refuses it
     if level_problem is not None:
@@ -243,8 +239,64 @@ def environment() -> Report:
         level_check = Check(
             "logging-level", True, f"VLLM_LOGGING_LEVEL={level!r}: vLLM logs at {level.upper()}"
         )
-    checks.append(level_check)
+    return [settings_check, level_check]
 
+
+def _entry_point_check() -> Check:
+    points = {ep.name: ep.value for ep in metadata.entry_points(group="vllm.general_plugins")}
+    return Check(
+        "entry-point",
+        ENTRY_POINT in points,
+        f"vllm.general_plugins {ENTRY_POINT} = {points.get(ENTRY_POINT, 'missing')}",
+    )
+
+
+def vllm_import_problem() -> str | None:
+    """Why the vLLM this Python finds fails to import what the plugin and ``doctor``
+    import first, in one line; None when it imports (or when there is none)."""
+    if find_spec("vllm") is None:
+        return None
+    try:
+        import vllm.envs
+        import vllm.logger
+        import vllm.platforms  # noqa: F401
+    except Exception as exc:  # whatever a broken or foreign copy raises
+        text = str(exc).strip().splitlines()
+        return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+    return None
+
+
+def without_vllm(problem: str) -> Report:
+    """The report where vLLM does not import: the checks that need no vLLM, a failed
+    ``vllm`` check, and no self-test (exit 2)."""
+    spec = find_spec("vllm")
+    where = os.path.dirname(spec.origin) if spec is not None and spec.origin else None
+    version = installed_version()
+    report = Report(
+        vllm_version=None,
+        vllm_path=where,
+        aiter_installed=find_spec("aiter") is not None,
+        aiter_version=version,
+        block_id_fix=AiterBuild(version, trusted=_trusted()).block_id_fix,
+        gpu=None,
+        asm_dir=None,
+        kernel_table=None,
+        kernel_files=[],
+        settings=[],
+    )
+    detail = f"the vLLM at {where or '?'} does not import ({problem}): nothing loads the plugin"
+    report.checks = [*_checks_without_vllm(), Check("vllm", False, detail), _entry_point_check()]
+    report.self_test = NO_VLLM
+    return report
+
+
+def environment() -> Report:
+    """The environment part: everything but the GPU self-test."""
+    from ..plugin import inactive_reason
+    from ..vllm_support import EXTENSION_POINTS, another_vllm_first, vllm_mismatch
+    from .validation.gpu import rocm_gpu_problem
+
+    checks = _checks_without_vllm()
     vllm_version, vllm_path = _imported_vllm()
     distribution = _version("vllm")
     if first := another_vllm_first(vllm_version, vllm_path, distribution):
@@ -258,15 +310,7 @@ def environment() -> Report:
             f"vLLM {vllm_version} from {vllm_path}: the 0.33 series, with every class, "
             f"method and parameter the plugin extends ({len(EXTENSION_POINTS)} checked)",
         )
-    checks.append(vllm_check)
-    points = {ep.name: ep.value for ep in metadata.entry_points(group="vllm.general_plugins")}
-    checks.append(
-        Check(
-            "entry-point",
-            ENTRY_POINT in points,
-            f"vllm.general_plugins {ENTRY_POINT} = {points.get(ENTRY_POINT, 'missing')}",
-        )
-    )
+    checks += [vllm_check, _entry_point_check()]
     try:
         reason = inactive_reason()
     except settings.SettingError as exc:
@@ -519,6 +563,8 @@ def self_test(
 
 
 def run() -> Report:
+    if (problem := vllm_import_problem()) is not None:
+        return without_vllm(problem)
     report = environment()
     self_test(report)
     return report
@@ -526,8 +572,9 @@ def run() -> Report:
 
 def render(report: Report) -> str:
     gpu = report.gpu
+    broken = report.self_test == NO_VLLM
     lines = [
-        f"vLLM       {report.vllm_version or 'not installed'}"
+        f"vLLM       {report.vllm_version or ('not importable' if broken else 'not installed')}"
         + (f" ({report.vllm_path})" if report.vllm_path else ""),
         "AITER      "
         + (
@@ -544,6 +591,8 @@ def render(report: Report) -> str:
         + (
             f"{gpu['arch'] or 'unknown arch'}, {gpu['compute_units'] or '?'} CUs"
             if gpu
+            else "unknown (vLLM does not import)"
+            if broken
             else "not a ROCm platform"
         ),
         f"asm dir    {report.asm_dir or '-'}",
