@@ -156,6 +156,36 @@ def test_one_missed_passkey_breaks_the_claim():
     assert claim.verdict == "does not hold" and claim.why == "missed: asm-decode 32768: 23/24"
 
 
+def test_a_sync_check_that_failed_before_checking_measured_nothing():
+    """(trial 16) A server that never started reported no synchronization: the claim is
+    not measured; one whose log shows a synchronization does not hold."""
+    name = "sync-check"
+    died = _record(name, ok=False, error="server exited with code 3 before /health answered")
+    claim = compare.sync_claim(died.__dict__)
+    assert (claim.this_run, claim.verdict) == ("failed", "not measured")
+    assert claim.why == "server exited with code 3 before /health answered"
+    found = _record(name, False, {"reported": ["GPU<->CPU sync detected"]}, "a sync was ...")
+    assert compare.sync_claim(found.__dict__).verdict == "does not hold"
+
+
+@pytest.mark.parametrize("failed", [False, True], ids=["finished", "server-died"])
+def test_a_synchronization_in_the_server_log_fails_the_sync_check(tmp_path, failed):
+    """Also where the check's raise stopped the server before the step could scan it."""
+    from types import SimpleNamespace
+
+    from vllm_rocm_asm_decode.tools.reproduce import runners
+
+    ctx, result = SimpleNamespace(files=tmp_path), {"arm": "asm-decode"}
+    error = runners.StepError("GSM8K: the server died", {"gsm8k": {}}) if failed else None
+    (tmp_path / "server.log").write_text("INFO started\n")
+    runners._raise_if_a_sync_was_reported(ctx, result, error)  # type: ignore[arg-type]
+    (tmp_path / "server.log").write_text("ERROR: GPU<->CPU sync detected in forward\n")
+    with pytest.raises(runners.StepError, match="a synchronization was reported") as raised:
+        runners._raise_if_a_sync_was_reported(ctx, result, error)  # type: ignore[arg-type]
+    assert raised.value.result["reported"] == ["ERROR: GPU<->CPU sync detected in forward"]
+    assert ("gsm8k" in raised.value.result) is failed and ("died" in str(raised.value)) is failed
+
+
 def _run(records: dict[str, StepRecord | None], stopped: str | None = None) -> report.Run:
     settings = Settings(model="m", quick=True)
     steps = plan(settings)

@@ -300,4 +300,7 @@ def sync_claim(record: dict[str, Any] | None) -> Claim:
         g = record["result"].get("gsm8k", {}).get("flexible")
         text = "none reported" + (f", GSM8K {g:.4f}" if g is not None else "")
         return Claim(name, orig, text, HOLDS, "the server ran its work with the check armed")
-    return Claim(name, orig, "failed", FAILS, record.get("error") or "")
+    if (record.get("result") or {}).get("reported"):  # the check found one
+        return Claim(name, orig, "failed", FAILS, record.get("error") or "")
+    # The step failed before the check could say (no server, no GSM8K): nothing measured.
+    return Claim(name, orig, "failed", NOT_MEASURED, record.get("error") or "")
