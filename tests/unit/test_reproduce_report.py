@@ -186,6 +186,25 @@ def test_a_synchronization_in_the_server_log_fails_the_sync_check(tmp_path, fail
     assert ("gsm8k" in raised.value.result) is failed and ("died" in str(raised.value)) is failed
 
 
+@pytest.mark.parametrize(
+    ("printed", "said"),
+    [("notjson", "its output is not a JSON object ('notjson')"),
+     ("5", "its output is not a JSON object ('5')"), ("", "no output")],
+    ids=["text", "a-number", "nothing"],
+)  # fmt: skip
+def test_a_doctor_without_its_json_object_is_said_so(tmp_path, printed, said):
+    """(trial 16) It said "no output" where stdout had some; a JSON number raised."""
+    from types import SimpleNamespace
+
+    from vllm_rocm_asm_decode.tools.reproduce import runners
+
+    tools = SimpleNamespace(gpu_tools=[sys.executable, "-c", f"print({printed!r})"])
+    ctx = SimpleNamespace(tools=tools, files=tmp_path)
+    with pytest.raises(runners.StepError) as raised:
+        runners.doctor(None, ctx)  # type: ignore[arg-type]
+    assert str(raised.value) == f"doctor exited with 0 without its JSON: {said}"
+
+
 def _run(records: dict[str, StepRecord | None], stopped: str | None = None) -> report.Run:
     settings = Settings(model="m", quick=True)
     steps = plan(settings)

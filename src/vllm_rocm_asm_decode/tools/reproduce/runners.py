@@ -99,9 +99,12 @@ def doctor(step: Step, ctx: Context) -> dict[str, Any]:
     try:
         report = json.loads(out)
     except ValueError:
-        raise StepError(
-            f"doctor exited with {code} without its JSON: {_last_line(err) or 'no output'}"
-        ) from None
+        report = None
+    if not isinstance(report, dict):
+        said = _last_line(err) or (
+            f"its output is not a JSON object ({_last_line(out)[:80]!r})" if out.strip() else ""
+        )
+        raise StepError(f"doctor exited with {code} without its JSON: {said or 'no output'}")
     failed = [f"{c['name']}: {c['detail']}" for c in report.get("checks", []) if not c.get("ok")]
     result = {
         "exit_code": code,
