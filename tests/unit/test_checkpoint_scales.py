@@ -262,6 +262,23 @@ def test_a_corrupt_index_is_an_error_naming_it(tmp_path):
         read_kv_scales(tmp_path)
 
 
+@pytest.mark.parametrize(
+    "text",
+    ['{"weight_map": 5}', '["weight_map"]', "{}", '{"weight_map": {"a": 1}}'],
+    ids=["a-number", "a-list", "none", "a-file-number"],
+)
+def test_an_index_without_a_weight_map_says_so_in_plain_words(tmp_path, text):
+    """(trial 16) It said "'int' object has no attribute 'items'"."""
+    sharded_with_scales_in_second_shard(tmp_path)
+    index = tmp_path / "model.safetensors.index.json"
+    index.write_text(text)
+    with pytest.raises(CheckpointError) as info:
+        read_kv_scales(tmp_path)
+    assert str(info.value) == (
+        f"cannot read {index}: it holds no weight_map of tensor names to file names"
+    )
+
+
 def test_a_corrupt_safetensors_file_is_a_one_line_error_naming_it(tmp_path):
     write(tmp_path / "model-00001-of-00002.safetensors", weights())
     bad = corrupt(tmp_path / "model-00002-of-00002.safetensors")

@@ -145,10 +145,15 @@ def _files_to_open(model_dir: Path) -> dict[Path, list[str] | None]:
                 raise CheckpointError(f"{path} is not a regular file")
         return dict.fromkeys(found)
     try:
-        weight_map = json.loads(index.read_text())["weight_map"]
-        entries = [(str(name), str(file)) for name, file in weight_map.items()]
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        data = json.loads(index.read_text())
+    except (OSError, ValueError) as exc:
         raise CheckpointError(f"cannot read {index}: {_first_line(exc)}") from exc
+    weight_map = data.get("weight_map") if isinstance(data, dict) else None
+    if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
+        raise CheckpointError(
+            f"cannot read {index}: it holds no weight_map of tensor names to file names"
+        )
+    entries = list(weight_map.items())
     wanted: dict[Path, list[str]] = {}
     for name, file in entries:
         if _kv_scale_target(name) is not None:
