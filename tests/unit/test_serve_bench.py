@@ -695,6 +695,7 @@ def test_a_second_ctrl_c_kills_a_slow_server_and_the_json_is_written(
     )
     data = json.loads(target.read_text())
     assert data["interrupted"] is True and data["results"] == []
+    assert data["error"] == said  # (trial 16: "interrupted" after a SIGTERM)
     pid = int(server_log.read_text().split("pid ", 1)[1].split()[0])
     assert not alive(pid)
     assert not sb.port_in_use("127.0.0.1", port)

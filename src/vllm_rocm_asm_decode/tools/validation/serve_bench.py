@@ -37,6 +37,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..stopping import stopped_by
+
 #: Environment of each arm on top of ``VLLM_ROCM_USE_AITER=1``.
 ARM_ENV = {
     "plugin-off": {"VLLM_ROCM_ASM_DECODE": "0"},
@@ -733,14 +735,14 @@ def run_ab(
                 outcome.results.append(parse_result(cfg.result_dir / name, arm, repeat))
         except ServeError as exc:
             outcome.error = str(exc)
-        except KeyboardInterrupt:
+        except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (stopping.Terminated)
             outcome.interrupted = True
-            outcome.error = "interrupted"
+            outcome.error = stopped_by()
         finally:
             # said where the stop may take its while: a failure or a Ctrl-C cut it short
             if server.stop(log if outcome.interrupted or outcome.error else None):
                 outcome.interrupted = True
-                outcome.error = outcome.error or "interrupted"
+                outcome.error = outcome.error or stopped_by()
         if outcome.error is not None:
             return outcome
     return outcome
