@@ -231,6 +231,22 @@ def test_the_addressing_script_refuses_bad_input_in_one_line(argv, says):
     assert (proc.returncode, proc.stdout, proc.stderr.strip().splitlines()) == (2, "", [says])
 
 
+def test_the_addressing_script_says_a_revision_or_a_repository_is_wrong(tmp_path):
+    """(trial 16) A revision the repository lacks, and a repository without AITER's
+    kernels, printed "(not at REV)" four times and exited 0."""
+    git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "x"], check=True)
+    bad = subprocess.run([str(ADDRESSING), str(tmp_path), "nope"], capture_output=True, text=True)
+    said = f"scripts/aiter-pa-addressing: nope is not a commit of {tmp_path}"
+    assert (bad.returncode, bad.stdout, bad.stderr.strip()) == (2, "", said)
+    if shutil.which("llvm-objdump") is None:
+        return
+    empty = subprocess.run([str(ADDRESSING), str(tmp_path)], capture_output=True, text=True)
+    said = f"no uhp decode kernel at HEAD of {tmp_path} (is it ROCm/aiter?)"
+    assert empty.returncode == 1 and empty.stderr.strip().endswith(said)
+
+
 #: A git repository of ROCm/aiter (a clone or a bare mirror), for the test below.
 AITER_GIT = os.environ.get("ASM_DECODE_TEST_AITER_GIT", "/work/.mirror/ROCm+aiter/repo")
 
