@@ -196,10 +196,10 @@ def test_the_builder_decides_on_host_integers(tmp_path, gfx942):
     hip = mock.patch.object(rocm_attn, "chunked_prefill_paged_decode")
     for lens in ([1] * n, [1] * n + [0, 2], [1] * (n + 1) + [0], [1] * (n + 1)):
         step = common([16] * len(lens), [[1]] * len(lens), lens)
-        metadata = model.builder.build(0, step)
-        with hip, mock.patch.object(rocm_aiter_ops, "pa_fwd_asm") as pa:
+        metadata, asm = model.builder.build(0, step), lens == [1] * (n + 1)
+        with hip as stock, mock.patch.object(rocm_aiter_ops, "pa_fwd_asm") as pa:
             model.run(torch.zeros(sum(lens), 16, HEAD, device=DEVICE), metadata)
-        assert metadata.use_asm_decode is pa.called is (lens == [1] * (n + 1))
+        assert metadata.use_asm_decode is pa.called is asm is not stock.called
     k, v = model.builder.build_for_cudagraph_capture(step).asm_scales[model.attn]
     kw = pa.call_args.kwargs  # the layer's own tables, the ultra-precision kernel
     assert kw["K_QScale"] is k and kw["V_QScale"] is v and kw["high_precision"] == 2
@@ -210,7 +210,8 @@ def test_the_builder_decides_on_host_integers(tmp_path, gfx942):
     model.reload((0.5, 2.0), (0.5, 2.0))
     model.builder.build(0, step)  # refills the tables the graphs hold, in place
     assert (k == model.attn._k_scale).all() and (v == model.attn._v_scale).all()
-    assert k.shape == v.shape == (2, 8, BLOCK)  # [blocks, KV heads, slots]
+    assert k.shape == v.shape == (2, 8, BLOCK)  # [blocks, KV heads, slots], fp32
+    assert k.dtype == v.dtype == torch.float
     model.reload((0.25, 2.0), (0.5, 2.0))  # layers.0 parts: HIP; layers.1 keeps its K
     graphs = model.config.compilation_config  # vLLM's default: FULL_AND_PIECEWISE
     graphs.cudagraph_mode = cfg.CUDAGraphMode.FULL_AND_PIECEWISE
@@ -242,14 +243,16 @@ def test_what_keeps_every_layer_on_hip(tmp_path, gfx942):
     model.config.attention_config.use_aiter_asm_decode = True
     with mock.patch.object(rocm_aiter_ops, "is_mha_enabled", lambda: None):
         assert not builder(*model.args).build(0, step).asm_scales
-    with mock.patch.object(gfx942, "__version__", "0.1.16"):  # block ids >= 65536
-        assert not builder(*model.args).build(0, step).asm_scales
+    for version in ("0.1.16", "unknown"):  # block ids >= 65536; no version at all
+        with mock.patch.object(gfx942, "__version__", version):
+            assert not builder(*model.args).build(0, step).asm_scales
     derived = type("Derived", (builder,), {})  # a backend built on ROCM_ATTN's
     assert not derived(*model.args).build(0, step).asm_scales
     with mock.patch("vllm.platforms.rocm.on_mi3xx", lambda: False):  # the rule says no
         assert not builder(*model.args).build(0, step).asm_scales
-    with mock.patch.object(model.config.scheduler_config, "max_num_seqs", n):
-        assert not builder(*model.args).build(0, step).asm_scales  # n x 16: the cut
+    for seqs in (n, n + 1):  # n x 16 query heads: the cut
+        with mock.patch.object(model.config.scheduler_config, "max_num_seqs", seqs):
+            assert bool(builder(*model.args).build(0, step).asm_scales) is (seqs > n)
     model.reload((1.0, 1.0), (2.0, 4.0), (1.0, 1.0), (4.0, 4.0))  # K 4.0: a fifth table
     assert not builder(*model.args).build(0, step).asm_scales
 
