@@ -433,30 +433,42 @@ def test_doctor_json_prints_its_object_with_a_bad_logging_level(aiter_version, m
     }
 
 
+FOREIGN = {  # another vLLM that imports, but lacks what doctor reads
+    "__init__.py": '__version__ = "0.6.0"',
+    "envs.py": "",
+    "logger.py": "import logging\ninit_logger = logging.getLogger",
+    "platforms/__init__.py": "current_platform = None",
+}
+
+
 @pytest.mark.parametrize(
-    ("init", "error"),
-    [('raise ImportError("boom")', "ImportError: boom"),
-     ('__version__ = "0.33.0"', "ModuleNotFoundError: No module named 'vllm.envs'")],
-    ids=["raises", "a-version-only"],
+    ("files", "said"),
+    [({"__init__.py": 'raise ImportError("boom")'}, "does not import (ImportError: boom)"),
+     ({"__init__.py": '__version__ = "0.33.0"'},
+      "does not import (ModuleNotFoundError: No module named 'vllm.envs')"),
+     (FOREIGN, "is not one the plugin extends (vLLM 0.6.0 is not 0.33.x")],
+    ids=["raises", "a-version-only", "another-series"],
 )  # fmt: skip
 @pytest.mark.parametrize("json_out", [False, True], ids=["text", "json"])
-def test_a_vllm_that_does_not_import_is_a_failed_check(tmp_path, init, error, json_out):
-    """(trial 16) A vLLM first on the path that fails to import is reported, not a
-    one-line crash: a FAIL line for the vllm check naming the error, the checks that need
-    no vLLM, no self-test, exit 2; ``--json`` still prints its one object."""
+def test_a_vllm_that_cannot_be_used_is_a_failed_check(tmp_path, files, said, json_out):
+    """(trial 16, and its review) A vLLM first on the path that fails to import, or
+    imports but is another series doctor cannot read, is reported, not a one-line crash:
+    a FAIL line for the vllm check naming why, the checks that need no vLLM, no
+    self-test, exit 2; ``--json`` still prints its one object."""
     import os
     import subprocess
     import sys
 
-    (tmp_path / "vllm").mkdir()
-    (tmp_path / "vllm" / "__init__.py").write_text(init + "\n")
+    for name, text in files.items():
+        (tmp_path / "vllm" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "vllm" / name).write_text(text + "\n")
     env = os.environ | {"PYTHONPATH": str(tmp_path)}
     proc = subprocess.run(
         [sys.executable, "-m", "vllm_rocm_asm_decode", "doctor", *["--json"] * json_out],
         capture_output=True, text=True, timeout=120, env=env,
     )  # fmt: skip
     assert proc.returncode == 2 and proc.stderr == "", proc
-    detail = f"the vLLM at {tmp_path / 'vllm'} does not import ({error})"
+    detail = f"the vLLM at {tmp_path / 'vllm'} {said}"
     if json_out:
         report = json.loads(proc.stdout)
         assert not checks(report)["vllm"]["ok"] and detail in checks(report)["vllm"]["detail"]
@@ -464,4 +476,5 @@ def test_a_vllm_that_does_not_import_is_a_failed_check(tmp_path, init, error, js
         assert report["self_test"] == doctor.NO_VLLM and report["exit_code"] == 2
     else:
         assert f"  FAIL  vllm                 {detail}" in proc.stdout
-        assert f"vLLM       not importable ({tmp_path / 'vllm'})" in proc.stdout
+        shown = "0.6.0" if files is FOREIGN else "not usable"
+        assert f"vLLM       {shown} ({tmp_path / 'vllm'})" in proc.stdout

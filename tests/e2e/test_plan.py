@@ -72,6 +72,11 @@ def test_max_model_len_and_an_old_aiter_are_both_named_and_no_note_says_only_one
     assert "max_model_len 131072 > 40960" in plan.reasons
     assert any("misread KV blocks >= 65536" in r for r in plan.reasons)
     assert not any("40960 or less" in n for n in plan.notes)
+    fp16 = make_plan(
+        model="llama-3.1-8b-instruct", gpu="mi300x", tensor_parallel_size=2,
+        aiter_version=None, num_gpu_blocks=200000, dtype="float16",
+    )  # fmt: skip
+    assert any("misread KV blocks >= 65536" in r for r in fp16.reasons)  # fp16's beside
 
 
 @pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8_e5m2"])

@@ -274,9 +274,7 @@ def test_an_index_without_a_weight_map_says_so_in_plain_words(tmp_path, text):
     index.write_text(text)
     with pytest.raises(CheckpointError) as info:
         read_kv_scales(tmp_path)
-    assert str(info.value) == (
-        f"cannot read {index}: it holds no weight_map of tensor names to file names"
-    )
+    assert str(info.value) == (f"{index} holds no weight_map of tensor names to file names")
 
 
 def test_a_corrupt_safetensors_file_is_a_one_line_error_naming_it(tmp_path):

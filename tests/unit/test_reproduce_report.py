@@ -205,6 +205,42 @@ def test_a_doctor_without_its_json_object_is_said_so(tmp_path, printed, said):
     assert str(raised.value) == f"doctor exited with 0 without its JSON: {said}"
 
 
+def test_a_sync_check_whose_server_died_of_a_synchronization_fails_the_claim(tmp_path, monkeypatch):
+    """The check's own raise stopped the server mid-GSM8K: the step says so."""
+    from types import SimpleNamespace
+
+    from vllm_rocm_asm_decode.tools.reproduce import runners
+
+    def died(step, ctx, result):
+        (tmp_path / "server.log").write_text("RuntimeError: GPU<->CPU sync detected\n")
+        raise runners.StepError("GSM8K: the server died", {"gsm8k": {}})
+
+    monkeypatch.setattr(runners, "_armed_work", died)
+    step, ctx = SimpleNamespace(options={"arm": "asm-decode"}), SimpleNamespace(files=tmp_path)
+    with pytest.raises(runners.StepError, match="a synchronization was reported") as raised:
+        runners.sync_check(step, ctx)  # type: ignore[arg-type]
+    assert raised.value.result["reported"] == ["RuntimeError: GPU<->CPU sync detected"]
+
+
+def test_a_doctor_on_an_unusable_vllm_names_it_not_the_gpu(tmp_path):
+    """(trial 16's review) doctor's exit 2 for a vLLM that cannot be used is named as
+    such, not as a machine without an AMD GPU."""
+    from types import SimpleNamespace
+
+    from vllm_rocm_asm_decode.tools.reproduce import runners
+    from vllm_rocm_asm_decode.tools.validation.check import NO_VLLM
+
+    bad = {"name": "vllm", "ok": False, "detail": "the vLLM at /x does not import (E: e)"}
+    out = json.dumps({"checks": [bad], "self_test": NO_VLLM, "exit_code": 2})
+    code = f"import sys; print({out!r}); sys.exit(2)"
+    ctx = SimpleNamespace(tools=SimpleNamespace(gpu_tools=[sys.executable, "-c", code]))
+    ctx.files = tmp_path
+    with pytest.raises(runners.StepError) as raised:
+        runners.doctor(None, ctx)  # type: ignore[arg-type]
+    assert str(raised.value) == f"doctor exited with 2: FAIL vllm: {bad['detail']}"
+    assert raised.value.cannot_run
+
+
 def _run(records: dict[str, StepRecord | None], stopped: str | None = None) -> report.Run:
     settings = Settings(model="m", quick=True)
     steps = plan(settings)

@@ -150,9 +150,7 @@ def _files_to_open(model_dir: Path) -> dict[Path, list[str] | None]:
         raise CheckpointError(f"cannot read {index}: {_first_line(exc)}") from exc
     weight_map = data.get("weight_map") if isinstance(data, dict) else None
     if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
-        raise CheckpointError(
-            f"cannot read {index}: it holds no weight_map of tensor names to file names"
-        )
+        raise CheckpointError(f"{index} holds no weight_map of tensor names to file names")
     entries = list(weight_map.items())
     wanted: dict[Path, list[str]] = {}
     for name, file in entries:

@@ -22,6 +22,7 @@ included.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from importlib import metadata
@@ -32,7 +33,7 @@ from .. import settings
 from ..aiter_version import BLOCK_ID_LIMIT, FIRST_FIXED, AiterBuild, describe, installed_version
 from ..kernel_table import ULTRA_PRECISION, KernelTable
 from ..skew import ASM_SKEW_HEAD_TOKENS, ASM_SKEW_RATIO
-from .validation.check import Check
+from .validation.check import NO_VLLM, Check
 
 ENTRY_POINT = settings.ENTRY_POINT
 EXIT_MEANINGS = {
@@ -41,8 +42,6 @@ EXIT_MEANINGS = {
     2: "the GPU self-test could not run here (whatever the checks above say: FAIL "
     "lines name what else is wrong)",
 }
-#: The self-test's state where the vLLM this Python finds does not import.
-NO_VLLM = "not run: vLLM does not import"
 #: The GQA ratios the shipped ultra-precision kernels serve (each rounds up to 8).
 GQA_RATIOS = range(1, 9)
 
@@ -266,25 +265,26 @@ def vllm_import_problem() -> str | None:
     return None
 
 
-def without_vllm(problem: str) -> Report:
-    """The report where vLLM does not import: the checks that need no vLLM, a failed
-    ``vllm`` check, and no self-test (exit 2)."""
+def without_vllm(problem: str, version: str | None = None) -> Report:
+    """The report where the vLLM this Python finds cannot be used (``problem``: it does
+    not import, or is another vLLM than the one the plugin extends and lacks what doctor
+    reads): the checks that need no vLLM, a failed ``vllm`` check, no self-test (exit 2)."""
     spec = find_spec("vllm")
     where = os.path.dirname(spec.origin) if spec is not None and spec.origin else None
-    version = installed_version()
+    aiter = installed_version()
     report = Report(
-        vllm_version=None,
+        vllm_version=version,
         vllm_path=where,
         aiter_installed=find_spec("aiter") is not None,
-        aiter_version=version,
-        block_id_fix=AiterBuild(version, trusted=_trusted()).block_id_fix,
+        aiter_version=aiter,
+        block_id_fix=AiterBuild(aiter, trusted=_trusted()).block_id_fix,
         gpu=None,
         asm_dir=None,
         kernel_table=None,
         kernel_files=[],
         settings=[],
     )
-    detail = f"the vLLM at {where or '?'} does not import ({problem}): nothing loads the plugin"
+    detail = f"the vLLM at {where or '?'} {problem}: the plugin does not load there"
     report.checks = [*_checks_without_vllm(), Check("vllm", False, detail), _entry_point_check()]
     report.self_test = NO_VLLM
     return report
@@ -564,8 +564,18 @@ def self_test(
 
 def run() -> Report:
     if (problem := vllm_import_problem()) is not None:
-        return without_vllm(problem)
-    report = environment()
+        return without_vllm(f"does not import ({problem})")
+    try:
+        report = environment()
+    except Exception as exc:  # another vLLM that lacks what doctor reads, else a bug
+        from ..vllm_support import vllm_mismatch
+
+        version = getattr(sys.modules.get("vllm"), "__version__", None)
+        if not isinstance(version, str) or (mismatch := vllm_mismatch(version)) is None:
+            raise
+        text = str(exc).strip().splitlines()
+        said = f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+        return without_vllm(f"is not one the plugin extends ({mismatch}; {said})", version)
     self_test(report)
     return report
 
@@ -574,7 +584,7 @@ def render(report: Report) -> str:
     gpu = report.gpu
     broken = report.self_test == NO_VLLM
     lines = [
-        f"vLLM       {report.vllm_version or ('not importable' if broken else 'not installed')}"
+        f"vLLM       {report.vllm_version or ('not usable' if broken else 'not installed')}"
         + (f" ({report.vllm_path})" if report.vllm_path else ""),
         "AITER      "
         + (
@@ -591,7 +601,7 @@ def render(report: Report) -> str:
         + (
             f"{gpu['arch'] or 'unknown arch'}, {gpu['compute_units'] or '?'} CUs"
             if gpu
-            else "unknown (vLLM does not import)"
+            else "unknown (no usable vLLM)"
             if broken
             else "not a ROCm platform"
         ),

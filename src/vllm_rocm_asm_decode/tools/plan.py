@@ -27,6 +27,7 @@ from .. import settings
 from ..aiter_version import FIRST_FIXED, AiterBuild, describe, installed_version, safe_blocks
 from ..core import ASM_KV_DTYPES, ASM_MAX_MODEL_LEN, use_asm_decode
 from ..eligibility import (
+    FP16_UNPROVEN,
     VALIDATED_CONTEXT,
     default_cut,
     describe_cut,
@@ -652,7 +653,8 @@ def make_plan(
     # A layer kept on HIP by max_model_len alone also gets what AITER's guards would say
     # were it lowered, so that no note promises that lowering it is enough.
     for reasons, layer in zip(per_layer, layers, strict=True):
-        if reasons and all(r.startswith("max_model_len ") for r in reasons):
+        lengths = [r for r in reasons if r.startswith("max_model_len ")]
+        if lengths and all(r in lengths or r == FP16_UNPROVEN for r in reasons):
             guards = guard_reasons(layer.impl, layer.kv_cache, model_config, table, aiter)
             reasons += [g for g in guards if g not in reasons]
     notes: list[str] = []

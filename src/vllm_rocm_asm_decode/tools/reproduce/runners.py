@@ -17,6 +17,7 @@ from typing import Any
 
 from ..validation import passkey
 from ..validation import serve_bench as sb
+from ..validation.check import NO_VLLM
 from . import gsm8k
 from .steps import BASELINE, PASSKEY_IN_FLIGHT, PASSKEY_PROMPTS, SWEEP_CONTEXT, SWEEP_HEADS, Step
 
@@ -116,6 +117,9 @@ def doctor(step: Step, ctx: Context) -> dict[str, Any]:
         "checks": len(report.get("checks", [])),
         "failed_checks": failed,
     }
+    vllm_failed = [f for f in failed if f.startswith("vllm: ")]
+    if code == 2 and vllm_failed and report.get("self_test") == NO_VLLM:
+        raise StepError(f"doctor exited with 2: FAIL {vllm_failed[0]}", result, cannot_run=True)
     if code == 2:  # doctor's GPU self-test cannot run on this machine
         raise StepError(
             f"doctor exited with 2: self-test {report.get('self_test')}; reproduce needs a "

@@ -11,3 +11,8 @@ class Check:
     name: str
     ok: bool
     detail: str
+
+
+#: ``doctor``'s self-test state where the vLLM this Python finds cannot be used (it does
+#: not import, or is not one doctor can read): ``reproduce`` names the vllm check then.
+NO_VLLM = "not run: the vLLM here cannot be used"
