@@ -260,9 +260,14 @@ def vllm_import_problem() -> str | None:
         import vllm.logger
         import vllm.platforms  # noqa: F401
     except Exception as exc:  # whatever a broken or foreign copy raises
-        text = str(exc).strip().splitlines()
-        return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+        return _error_line(exc)
     return None
+
+
+def _error_line(exc: Exception) -> str:
+    """``exc`` as ``Type: first line of its message`` (``Type`` alone without one)."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
 
 
 def without_vllm(problem: str, version: str | None = None) -> Report:
@@ -573,8 +578,7 @@ def run() -> Report:
         version = getattr(sys.modules.get("vllm"), "__version__", None)
         if not isinstance(version, str) or (mismatch := vllm_mismatch(version)) is None:
             raise
-        text = str(exc).strip().splitlines()
-        said = f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+        said = _error_line(exc)
         return without_vllm(f"is not one the plugin extends ({mismatch}; {said})", version)
     self_test(report)
     return report

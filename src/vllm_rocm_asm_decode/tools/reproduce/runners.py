@@ -242,6 +242,12 @@ def _thinking_off(model: str) -> list[str]:
     return []
 
 
+def _server_log(ctx: Context) -> Path:
+    """Where a step's server writes its log (the sync check scans it, also after the
+    server is gone)."""
+    return ctx.files / "server.log"
+
+
 @contextlib.contextmanager
 def _server(
     ctx: Context, arm: str, eager: bool = False, env: dict[str, str] | None = None
@@ -250,7 +256,7 @@ def _server(
     Ctrl-C while it stops kills its process group and is raised after)."""
     serve_args = _thinking_off(ctx.model) + (["--enforce-eager"] if eager else [])
     cfg = _config(ctx, serve_args=serve_args)
-    server = sb.Server(cfg, arm, ctx.files / "server.log")
+    server = sb.Server(cfg, arm, _server_log(ctx))
     log = _StepLog(ctx.files / "step.log")
     interrupted = False
     try:
@@ -335,7 +341,7 @@ def _raise_if_a_sync_was_reported(
     ctx: Context, result: dict[str, Any], failed: StepError | None = None
 ) -> None:
     try:
-        log = (ctx.files / "server.log").read_text(errors="replace")
+        log = _server_log(ctx).read_text(errors="replace")
     except OSError:
         return
     found = [line for line in log.splitlines() if SYNC_REPORTED.search(line)]
