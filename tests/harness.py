@@ -11,6 +11,7 @@ as the device kernels do for any layout vLLM hands them.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import subprocess
 import sys
@@ -142,12 +143,18 @@ def asm_backend() -> type:
 
 @contextlib.contextmanager
 def untouched_kv_caches() -> Iterator[None]:
-    """vLLM's KV-cache allocation left unzeroed (``torch.zeros`` read as ``torch.empty``
-    while this holds; ``allocate_kv_cache`` makes one such call): a pool of several GiB,
-    as the page-span guard needs, costs only the pages a test writes (fresh pages of a
-    large host allocation read zeros)."""
+    """vLLM's KV-cache allocation left unzeroed (``torch.zeros`` of 64 Mi elements or
+    more read as ``torch.empty`` while this holds; ``allocate_kv_cache`` makes one such
+    call): a pool of several GiB, as the page-span guard needs, costs only the pages a
+    test writes (fresh pages of a large host allocation read zeros). Smaller tensors (a
+    block table's null rows) are zeroed as asked."""
     real = torch.zeros
-    torch.zeros = torch.empty
+
+    def zeros(*size: Any, **kwargs: Any) -> torch.Tensor:
+        shape = size[0] if len(size) == 1 and not isinstance(size[0], int) else size
+        return (torch.empty if math.prod(shape) >= 2**26 else real)(*size, **kwargs)
+
+    torch.zeros = zeros
     try:
         yield
     finally:

@@ -351,6 +351,13 @@ class RocmAsmDecodeMetadataBuilder(RocmAttentionMetadataBuilder):
         self.asm_bindings = AsmBindings()
         self.asm_cut = 0
         self.asm_skew = ASM_SKEW_RATIO
+        #: The kernel's context lengths: vLLM's, but at least 1. vLLM gives a CUDA-graph
+        #: padding row length 0, and pa_fwd_asm writes such a row NaN (see
+        #: ``contract_model.EMPTY_ROW``), which a later op reading several rows (a
+        #: per-tensor dynamic quant) spreads to real ones. Refilled in place by every
+        #: build() of a step above the cut, so the graphs holding asm read the step's.
+        seqs = vllm_config.scheduler_config.max_num_seqs if own else 0
+        self.asm_seq_lens = torch.ones(seqs, dtype=torch.int32, device=device)
         #: Why mixed steps are not split (None: they are).
         self.asm_split_off: str | None = "the asm decode is off"
         if self.asm_settings is None:
@@ -374,11 +381,19 @@ class RocmAsmDecodeMetadataBuilder(RocmAttentionMetadataBuilder):
         assert isinstance(metadata, RocmAsmDecodeMetadata)
         metadata.asm_split = None  # a graph would replay a dummy batch's split
         # A graph replays its kernel for any lengths (vLLM's capture batch claims
-        # max_model_len): the cut alone decides.
-        metadata.use_asm_decode = bool(self.asm_bindings.layers) and use_asm_decode(
-            common_attn_metadata, self.num_heads_q, self.asm_cut
-        )
+        # max_model_len): the cut alone decides. (Stock's fill_(1) of the lengths filled
+        # asm_seq_lens where build() put them there.)
+        metadata.use_asm_decode = self._asm_sized_step(common_attn_metadata)
         return metadata
+
+    def _asm_sized_step(self, common_attn_metadata: CommonAttentionMetadata) -> bool:
+        """A pure-decode step above the cut, whatever its lengths: the graph of its
+        size holds asm (and reads :attr:`asm_seq_lens`)."""
+        return (
+            bool(self.asm_bindings.layers)
+            and common_attn_metadata.seq_lens.shape[0] <= self.asm_seq_lens.numel()
+            and use_asm_decode(common_attn_metadata, self.num_heads_q, self.asm_cut)
+        )
 
     def build(
         self,
@@ -404,9 +419,12 @@ class RocmAsmDecodeMetadataBuilder(RocmAttentionMetadataBuilder):
         metadata.asm_bindings = self.asm_bindings
         if not self.asm_bindings.layers:
             return metadata
-        metadata.use_asm_decode = use_asm_decode(
-            common_attn_metadata, self.num_heads_q, self.asm_cut
-        ) and not asm_decode_skewed(
+        sized = self._asm_sized_step(common_attn_metadata)
+        if sized:  # in place: the graphs that hold asm read these lengths
+            rows = metadata.seq_lens.shape[0]
+            out = self.asm_seq_lens[:rows]
+            metadata.seq_lens = torch.clamp(metadata.seq_lens, min=1, out=out)
+        metadata.use_asm_decode = sized and not asm_decode_skewed(
             common_attn_metadata,
             common_attn_metadata.num_reqs,
             self.num_heads_kv,

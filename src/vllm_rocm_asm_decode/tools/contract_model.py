@@ -19,8 +19,9 @@ The asm kernel's binary is not readable, so this model encodes what is known of 
   from its base pointer).
 * The softmax scale is ``1/sqrt(head_size)``, computed in float32; there is no argument
   for it.
-* The batch is ``context_lens.size(0)``. Sequences of length 0 (CUDA-graph padding) are
-  not computed and their output rows are left as they were.
+* The batch is ``context_lens.size(0)``. A sequence of length 0 (vLLM's CUDA-graph
+  padding rows) has its output row **written NaN**, as the uhp kernels do
+  (:data:`EMPTY_ROW`): a caller must pass lengths of at least 1.
 * ``block_id_mask`` models AITER before 0.1.17, whose kernels read block id ``b`` as
   ``b & 0xFFFF`` (pass ``0xFFFF``); the default models the fixed kernels.
 * ``span_limit`` models the fixed kernels' own limit (AITER commit b847e4d8, "min-based
@@ -52,6 +53,15 @@ import torch
 
 from ..kernel_table import KernelTable, dtype_name
 
+#: What the uhp kernels write for a sequence of length 0. Their code objects
+#: (``hsa/{gfx942,gfx950}/pa/pa_{bf16,fp16}_pertokenFp8_gqa8_2tg_4w_uhp.co``, ROCm/aiter
+#: b847e4d8 to HEAD e4048607; disassembled with ``llvm-objdump --mcpu=gfx90a``; gfx950
+#: bf16 addresses) take 0 pages (``s_add_u32 s73, s72, 15`` at 0x23DC), branch past every
+#: page loop to the epilogue (0x2B44, 0x5E1C, to 0x758C), sum a softmax denominator that
+#: nothing added to (``v42`` = 0 from 0x25B4), take ``v_rcp_f32`` of it (0x76B4: +inf) and
+#: multiply the zero accumulators by it (0x76BC: NaN), then store the row (0x77C4) before
+#: the kernel's only ``s_endpgm``. There is no early exit for an empty sequence.
+EMPTY_ROW = math.nan
 #: Where a wave's 32-bit page offset wraps (the fixed kernels' span limit).
 SPAN_LIMIT = 2**31
 #: Bytes of the buffer records through which the uhp kernels read the scale tables
@@ -220,6 +230,7 @@ class PagedAttentionAsmModel:
 
         for i, ctx in enumerate(context_lens.tolist()):
             if ctx <= 0:
+                o_rows[i] = EMPTY_ROW
                 continue
             n_pages = (ctx + block_size - 1) // block_size
             pages = bt_rows[i, :n_pages].long()

@@ -57,6 +57,11 @@ def write_model_dir(
     return path
 
 
+#: The testbed's ``max_num_seqs``: room for the largest batch its users build (a
+#: 512-request capture batch and its padding).
+MAX_NUM_SEQS = 1024
+
+
 def make_vllm_config(
     model_dir: Path,
     *,
@@ -69,7 +74,8 @@ def make_vllm_config(
 ):
     """A ``VllmConfig`` of the model in ``model_dir``; on a vLLM that carries the asm
     decode itself (``upstream``), with its ``AttentionConfig`` switch on (off by
-    default there)."""
+    default there). ``max_num_seqs`` is :data:`MAX_NUM_SEQS`: vLLM's runner never
+    holds more requests than that, and a builder sizes its buffers by it."""
     from vllm.config import AttentionConfig, CacheConfig, DeviceConfig, ModelConfig, VllmConfig
 
     model_config = ModelConfig(
@@ -81,12 +87,14 @@ def make_vllm_config(
     attention_config = AttentionConfig()
     if hasattr(attention_config, "use_aiter_asm_decode"):
         attention_config.use_aiter_asm_decode = True
-    return VllmConfig(
+    vllm_config = VllmConfig(
         model_config=model_config,
         device_config=DeviceConfig(device=device),
         cache_config=cache_config,
         attention_config=attention_config,
     )
+    vllm_config.scheduler_config.max_num_seqs = MAX_NUM_SEQS
+    return vllm_config
 
 
 @dataclass

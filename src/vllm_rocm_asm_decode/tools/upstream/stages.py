@@ -186,7 +186,9 @@ _BUILDER_INIT = """\
         self._asm_to_bind = switch and type(self) is RocmAttentionMetadataBuilder
         self._asm_cut = 0  # set when the layers are bound (build())
         self._asm_scales: dict[torch.nn.Module, tuple[torch.Tensor, torch.Tensor]] = {}
-        self._asm_filled: dict[torch.nn.Module, tuple[float, float]] = {}"""
+        self._asm_filled: dict[torch.nn.Module, tuple[float, float]] = {}
+        seqs = vllm_config.scheduler_config.max_num_seqs  # graphs hold asm's lengths
+        self._asm_seq_lens = torch.ones(seqs, dtype=torch.int32, device=device)"""
 
 #: The cap's own gate, which stage 3 removes with the cap.
 _STAGE_1_TABLE_GATE = (
@@ -231,8 +233,7 @@ _STAGE_1_BIND = (
         self._asm_to_bind = False
         self._asm_cut = _ASM_HEADS_PER_CU * current_platform.num_compute_units()
         layers = self.vllm_config.compilation_config.static_forward_context
-        model, mi3xx = self.vllm_config.model_config, on_mi3xx()
-        denied = ""  # the last layer the rule rejects, and why
+        model, mi3xx, denied = self.vllm_config.model_config, on_mi3xx(), ""
         try:  # AITER before 0.1.17 misreads KV block ids >= 65536 (AITER issue 3062)
             from aiter._version import __version__ as version
 
@@ -241,7 +242,7 @@ _STAGE_1_BIND = (
             version, old = "of unknown version", True
         for layer in (layers[name] for name in self.layer_names):
             reasons = _asm_decode_rejections(layer.impl, layer.kv_cache, model, mi3xx)
-            if reasons:
+            if reasons:  # the line names the last layer the rule rejects, and why
                 denied = f" ({layer.layer_name} keeps HIP: {', '.join(reasons)})"
             else:
                 self._asm_filled[layer] = (layer._k_scale_float, layer._v_scale_float)
@@ -296,12 +297,11 @@ _BUILD_DECIDE = """\
         if self._asm_to_bind:  # the first build() after the KV cache is bound
             self._bind_asm_decode()
         self._follow_asm_reload()
-        use_asm = (  # a pure-decode step (one token per request) above the cut
-            bool(self._asm_scales)
-            and max_query_len == 1
-            and common_attn_metadata.num_reqs == num_actual_tokens
-            and num_actual_tokens * self.num_heads_q > self._asm_cut
-        )
+        use_asm = bool(self._asm_scales) and max_query_len == 1  # a pure-decode step
+        use_asm &= common_attn_metadata.num_reqs == num_actual_tokens  # one token each
+        use_asm &= num_actual_tokens * self.num_heads_q > self._asm_cut  # above the cut
+        if use_asm:  # a graph's padding rows have length 0, which pa_fwd_asm writes NaN
+            seq_lens = torch.clamp(seq_lens, 1, out=self._asm_seq_lens[: len(seq_lens)])
 """
 
 _FORWARD_ASM = """\

@@ -126,9 +126,10 @@ def common(seq_lens, pages, query_lens=None):  # by default one query token a re
     lens, width = torch.tensor(seq_lens, dtype=torch.int32), max(map(len, pages))
     table = torch.tensor([p + [0] * (width - len(p)) for p in pages], dtype=torch.int32)
     # On the device, copies: a capture zeroes query_start_loc and fills seq_lens with 1.
-    gpu = dict(query_start_loc=start, seq_lens=lens, block_table_tensor=table)
+    gpu = dict(query_start_loc=start, block_table_tensor=table)
     gpu |= dict(slot_mapping=torch.full((sum(query_lens),), -1))  # no KV written
     gpu = {name: x.to(STEP or DEVICE, copy=True) for name, x in gpu.items()}
+    gpu |= dict(seq_lens=lens.to(DEVICE, copy=True))  # an asm step's build() clamps it
     host = dict(query_start_loc_cpu=start, seq_lens_cpu_upper_bound=lens, num_reqs=n)
     host |= dict(num_actual_tokens=sum(query_lens), max_query_len=max(query_lens))
     return CommonAttentionMetadata(**gpu, **host, max_seq_len=max(seq_lens))
@@ -152,7 +153,7 @@ def test_every_admitted_gqa_ratio(tmp_path, gqa, dtype):
     qkv = torch.randn(n + PAD, heads + 16, HEAD, dtype=dtype, device=DEVICE)
     query = qkv[:, :heads]  # a view, as vLLM's
     metadata = model.builder.build_for_cudagraph_capture(step)
-    metadata.seq_lens.copy_(step.seq_lens_cpu_upper_bound)  # as vLLM's runner does
+    step.seq_lens.copy_(step.seq_lens_cpu_upper_bound)  # as vLLM's runner does
     step.query_start_loc.copy_(step.query_start_loc_cpu)
     out, graph = torch.zeros_like(query), torch.cuda.CUDAGraph()  # padding rows: 0
     with mock.patch.object(aiter, "pa_fwd_asm", wraps=aiter.pa_fwd_asm) as pa:
@@ -238,9 +239,8 @@ def test_what_keeps_every_layer_on_hip(tmp_path, gfx942):
     tables = model.builder.build(0, step).asm_scales.values()  # four, at their scales
     for layer, (k, v) in zip(model.layers, tables, strict=True):
         assert (k == layer._k_scale).all() and (v == layer._v_scale).all()
-    model.config.attention_config.use_aiter_asm_decode = False  # the switch
-    assert not builder(*model.args).build(0, step).asm_scales
-    model.config.attention_config.use_aiter_asm_decode = True
+    with mock.patch.object(model.config, "attention_config", cfg.AttentionConfig()):
+        assert not builder(*model.args).build(0, step).asm_scales
     with mock.patch.object(rocm_aiter_ops, "is_mha_enabled", lambda: None):
         assert not builder(*model.args).build(0, step).asm_scales
     for version in ("0.1.16", "unknown"):  # block ids >= 65536; no version at all
