@@ -195,6 +195,23 @@ def test_raises_where_the_launcher_raises(heads, kvh, hd, qdtype, kvdtype, bs, h
         model().check(q, k, high_precision=hp)
 
 
+@pytest.mark.parametrize(
+    ("arch", "own", "other"),
+    [
+        ("gfx942", torch.float8_e4m3fnuz, torch.float8_e4m3fn),
+        ("gfx950", torch.float8_e4m3fn, torch.float8_e4m3fnuz),
+    ],
+)
+def test_only_the_gpus_own_fp8_dtype_reaches_a_kernel(arch, own, other):
+    """AITER converts a tensor's dtype through the running GPU's fp8 alone (its
+    ``defaultDtypes``): the other fp8 dtype raises before any launch."""
+    q = torch.zeros(1, 64, D, dtype=torch.bfloat16)
+    cache = torch.zeros(4, 8, D // X, BS, X)
+    assert model(arch).check(q, cache.to(own), high_precision=2).hp == 2
+    with pytest.raises(LauncherError, match=f"Unsupported dtype: {other} on {arch}"):
+        model(arch).check(q, cache.to(other), high_precision=2)
+
+
 def test_gqa16_has_a_default_precision_kernel_but_no_ultra_precision_one():
     q = torch.zeros(1, 64, D, dtype=torch.bfloat16)
     k = torch.zeros(4, 4, D // X, BS, X, dtype=FP8)

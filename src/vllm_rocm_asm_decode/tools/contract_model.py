@@ -4,8 +4,9 @@ The asm kernel's binary is not readable, so this model encodes what is known of 
 (AITER's C++ launcher, and AMD's description of how the kernel addresses memory):
 
 * It raises where the launcher raises: head size other than 128, a query dtype other
-  than bf16/fp16, a KV dtype it has no name for, and any request with no kernel row in
-  the architecture's table (:class:`~vllm_rocm_asm_decode.kernel_table.KernelTable`).
+  than bf16/fp16, a KV dtype it has no name for (an fp8 dtype other than the GPU's own,
+  :data:`FP8_BY_ARCH`, included), and any request with no kernel row in the
+  architecture's table (:class:`~vllm_rocm_asm_decode.kernel_table.KernelTable`).
 * It reads K and V as **dense pages from their own base pointers**:
   K ``[num_blocks, num_kv_heads, head_size/x, block_size, x]`` and V
   ``[num_blocks, num_kv_heads, block_size/x, head_size, x]`` (x = 16 bytes / element),
@@ -70,6 +71,10 @@ SPAN_LIMIT = 2**31
 SCALE_RECORDS = 2**31
 #: Consecutive pages of a sequence the model takes as one wave's.
 WAVE_PAGES = 4
+#: The one fp8 dtype AITER passes to its kernels on each GPU (``defaultDtypes`` in
+#: ``aiter/utility/dtypes.py``, ROCm/aiter HEAD e4048607): the other fp8 dtype has no
+#: AITER dtype id there, and the conversion raises "Unsupported dtype" before any launch.
+FP8_BY_ARCH = {"gfx942": torch.float8_e4m3fnuz, "gfx950": torch.float8_e4m3fn}
 
 
 class LauncherError(RuntimeError):
@@ -161,6 +166,8 @@ class PagedAttentionAsmModel:
         kv_type = dtype_name(K.dtype)
         if kv_type is None:
             raise LauncherError(f"unsupported K dtype: {K.dtype}")
+        if kv_type == "fp8" and K.dtype != FP8_BY_ARCH.get(self.table.arch):
+            raise LauncherError(f"Unsupported dtype: {K.dtype} on {self.table.arch}")
         if kernel_name is not None:
             raise LauncherError("the contract model has no named-kernel mode")
         if qo_indptr is not None and max_qlen > 1:
