@@ -59,7 +59,9 @@ def _flag(name: str, default: bool, meaning: str) -> bool:
 
 def asm_decode_switch() -> bool:
     """``VLLM_ROCM_ASM_DECODE``: True unless set to a false value."""
-    return _flag(SWITCH_ENV, True, "1 (asm decode on, the default) or 0 (off)")
+    return _flag(
+        SWITCH_ENV, True, "1 or true (asm decode on, the default), or 0 or false (off)"
+    )
 
 
 def switch_as_written() -> str:
@@ -74,9 +76,9 @@ def trust_aiter() -> bool:
     return _flag(
         TRUST_ENV,
         False,
-        "1 (the installed AITER passed doctor: trust it with every KV block and with "
-        "fp16 queries) or 0 (the default: only AITER 0.1.17 and later with caches past "
-        "65536 blocks, and bf16 queries only)",
+        "1 or true (the installed AITER passed doctor: trust it with every KV "
+        "block and with fp16 queries), or 0 or false (the default: only AITER "
+        "0.1.17 and later with caches past 65536 blocks, and bf16 queries only)",
     )
 
 

@@ -836,3 +836,4 @@ def test_a_vllm_that_carries_the_change_is_named_first_in_the_notes(monkeypatch,
         "note: the vLLM imported here carries the asm decode itself "
         "(vllm.v1.attention.backends.rocm_attn): the plugin stays inactive there"
     )
+    assert "off by default there: --attention-config.use_aiter_asm_decode=true turns" in notes[0]

@@ -255,6 +255,28 @@ def test_a_shard_named_by_the_index_but_absent_is_an_error(tmp_path):
         read_kv_scales(tmp_path)
 
 
+@pytest.mark.parametrize("gone", ["first", "both"], ids=["shard-without-scales", "json-only"])
+def test_a_shard_the_index_names_is_needed_whether_it_holds_scales_or_not(tmp_path, gone):
+    """(trial 17) vLLM loads every shard the index names: one that is not there is named,
+    not passed over because it holds no scale. (Where none is there, ``plan`` never reads
+    the checkpoint: a download of the *.json files alone plans from config.json.)"""
+    sharded_with_scales_in_second_shard(tmp_path)
+    (tmp_path / "model-00001-of-00002.safetensors").unlink()
+    if gone == "both":
+        (tmp_path / "model-00002-of-00002.safetensors").unlink()
+    if gone == "both":  # the *.json files alone: config only
+        assert checkpoint_format(tmp_path) == "none" and read_kv_scales(tmp_path) is None
+        return
+    assert checkpoint_format(tmp_path) == "safetensors"
+    missing = tmp_path / "model-00001-of-00002.safetensors"
+    with pytest.raises(CheckpointError) as info:
+        read_kv_scales(tmp_path)
+    assert str(info.value).startswith(
+        f"{missing} (listed in model.safetensors.index.json) does not exist: the checkpoint "
+        "is incomplete; download the shard, or keep only the *.json files"
+    ), info.value
+
+
 def test_a_corrupt_index_is_an_error_naming_it(tmp_path):
     sharded_with_scales_in_second_shard(tmp_path)
     (tmp_path / "model.safetensors.index.json").write_text("{not json")

@@ -74,7 +74,7 @@ CASES = {
     "no-vllm": (["bench", "serve", "--model", "m", "--vllm", "no-such-vllm"], "no such exec"),
     "vllm-a-directory": (  # (trial 13) said so, not that --result-dir lies in it
         ["bench", "serve", "--model", "m", "--vllm", "/tmp", "--result-dir", "/tmp/r"],
-        "--vllm /tmp: is a directory, not a program (is vLLM installed and on PATH?)",
+        "--vllm /tmp is a directory, not a program (is vLLM installed and on PATH?)",
     ),
     "result-dir-file": (
         ["bench", "serve", "--model", "m", "--vllm", STAND_IN_VLLM, "--result-dir", __file__],
@@ -166,7 +166,7 @@ CASES = {
     ),
     "serve-vllm-not-executable": (
         ["bench", "serve", "--model", "m", "--vllm", __file__],
-        f"--vllm {__file__}: is not an executable file (chmod +x it",
+        f"--vllm {__file__} is not an executable file (chmod +x it",
     ),
     "sharegpt-not-json": (
         ["bench", "serve", "--model=m", f"--vllm={STAND_IN_VLLM}", *SHAREGPT_ON_THIS_FILE],
@@ -272,11 +272,11 @@ CASES = {
     # --json naming a directory, or ending in a separator
     "accuracy-json-trailing-slash": (
         ["check", "accuracy", "--json", "no-such-dir/"],
-        "--json no-such-dir/: ends in a path separator; give a file name",
+        "--json no-such-dir/ ends in a path separator; give a file name",
     ),
     "kernel-json-a-directory": (
         ["bench", "kernel", "--json", "/tmp"],
-        "bench kernel: error: --json /tmp: is a directory",
+        "bench kernel: error: --json /tmp is a directory",
     ),
     # 6: a result directory that cannot be made
     "result-dir-under-a-file": (
@@ -865,7 +865,8 @@ def test_bench_serve_refuses_serve_args_that_set_the_servers_logging(arg, capsys
 @pytest.mark.parametrize(
     ("argv", "says"),
     [
-        (["--baseline", "none"], "--baseline 'none': use plugin-off or mha-off"),
+        (["--baseline", "none"], "argument --baseline: 'none' is not one of plugin-off, mha-off"),
+        (["--dataset", "sonnet"], "argument --dataset: 'sonnet' is not one of random, sharegpt"),
         (
             ["--concurrency", "1,8", "--num-prompts", "8"],
             "2 concurrencies but --num-prompts gives 1;",
@@ -873,7 +874,7 @@ def test_bench_serve_refuses_serve_args_that_set_the_servers_logging(arg, capsys
         (["--dataset", "sharegpt"], "--dataset sharegpt needs --dataset-path"),
         (["--serve-arg", "--port=1"], "--serve-arg --port=1: bench serve sets --port itself"),
     ],
-    ids=["baseline", "concurrencies", "dataset", "serve-arg"],
+    ids=["baseline", "dataset-unknown", "concurrencies", "dataset", "serve-arg"],
 )
 def test_bench_serve_says_its_own_mistakes_before_what_the_machine_lacks(argv, says, capsys):
     """(trial 12) A mistake in the command is said first, not hidden behind a vLLM
@@ -1106,7 +1107,7 @@ def test_a_read_only_json_file_is_refused_before_the_run(command, tmp_path, monk
     out, err = capsys.readouterr()
     name = " ".join(command[:2])
     assert err.splitlines() == [
-        f"vllm-rocm-asm-decode {name}: error: --json {target}: exists and is not writable"
+        f"vllm-rocm-asm-decode {name}: error: --json {target} exists and is not writable"
     ]
     assert out == "" and target.read_text() == "{}"
 
@@ -1872,12 +1873,12 @@ SERVE = ["bench", "serve", "--model", "m", "--vllm", STAND_IN_VLLM]
 LOST_RESULTS = {  # each would have been found only when the run ends, its results lost
     "link-to-nothing": (
         ["check", "accuracy", "--json", "dangling"],
-        "check accuracy: error: --json dangling: is a link to {tmp}/gone/x; "
+        "check accuracy: error: --json dangling is a link to {tmp}/gone/x; "
         "{tmp}/gone does not exist",
     ),
     "plot-link-to-nothing": (
         [*SERVE, "--plot", "dangling.png"],
-        "bench serve: error: --plot dangling.png: is a link to {tmp}/gone/x.png; "
+        "bench serve: error: --plot dangling.png is a link to {tmp}/gone/x.png; "
         "{tmp}/gone does not exist",
     ),
     "json-is-the-plot": (
@@ -2124,6 +2125,29 @@ def test_the_console_script_ends_after_every_exit_handler_the_command_brought():
     log = kept.with_name(kept.name + ".log")
     assert log.read_text() == "flushed at exit\n"
     log.unlink()
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["bench", "serve", "--model", "m"], ["check", "accuracy"], ["bench", "kernel"]],
+    ids=["bench-serve", "check-accuracy", "bench-kernel"],
+)
+def test_what_is_wrong_with_a_result_file_follows_its_name_without_a_colon(
+    command, tmp_path, capsys
+):
+    """(trial 17) ``--json jf: is not a regular file`` had a stray colon; a sentence of
+    its own (``--json x/y: x does not exist``) keeps one."""
+    fifo = tmp_path / "jf"
+    os.mkfifo(fifo)
+    assert run([*command, "--json", str(fifo)]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.endswith(
+        f"error: --json {fifo} is not a regular file (a FIFO, a device or a "
+        "socket); give a file name"
+    ), line
+    assert run([*command, "--json", str(tmp_path / "no" / "x.json")]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.endswith(f"--json {tmp_path / 'no' / 'x.json'}: {tmp_path / 'no'} does not exist")
 
 
 @pytest.mark.skipif(not os.path.isfile("/proc/version"), reason="needs Linux's /proc")

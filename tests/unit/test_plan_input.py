@@ -372,3 +372,163 @@ def test_what_the_input_alone_decides_never_reaches_vllm(tmp_path, case, monkeyp
     else:
         model = model_dir(tmp_path, BAD_NUMBERS[case][0])
     one_line_exit_2(["plan", "--model", model], capsys)
+
+
+# --------------------------------------------------------------------------------------
+# Trial 17: models without decode steps or attention, an incomplete checkpoint, a config
+# no GPU holds one block of, and a model of one KV head
+
+#: A decoder of head size 128 every layer of which runs asm (the control), and encoders
+#: and a classifier of its shape: pooling models, whose requests never decode.
+DECODER = BASE | {"num_hidden_layers": 4, "num_key_value_heads": 8}
+ENCODER = {
+    "hidden_size": 1536,
+    "num_attention_heads": 12,
+    "num_hidden_layers": 4,
+    "intermediate_size": 1024,
+    "vocab_size": 1000,
+    "position_embedding_type": "absolute",
+    "torch_dtype": "bfloat16",
+}
+POOLING = {
+    "bert": ENCODER
+    | {
+        "architectures": ["BertModel"],
+        "model_type": "bert",
+        "type_vocab_size": 2,
+        "max_position_embeddings": 512,
+    },
+    "roberta": ENCODER
+    | {
+        "architectures": ["RobertaModel"],
+        "model_type": "roberta",
+        "type_vocab_size": 1,
+        "pad_token_id": 1,
+        "max_position_embeddings": 514,
+    },
+    "xlm-roberta": ENCODER
+    | {
+        "architectures": ["XLMRobertaModel"],
+        "model_type": "xlm-roberta",
+        "type_vocab_size": 1,
+        "pad_token_id": 1,
+        "max_position_embeddings": 514,
+    },
+    "qwen3-classifier": DECODER | {"architectures": ["Qwen3ForSequenceClassification"]},
+}
+
+
+@pytest.mark.parametrize("family", list(POOLING), ids=list(POOLING))
+def test_a_pooling_model_has_no_layer_on_asm(tmp_path, family, capsys):
+    """A BERT-style encoder was planned as a decoder: "12 of 12 layers eligible". vLLM
+    reads it as encoder-only, and any model it runs with its pooling runner as one with
+    no decode step; each layer says so."""
+    assert make_plan(model=model_dir(tmp_path / "control", DECODER), gpu="mi355x").eligible
+    model = model_dir(tmp_path / family, POOLING[family])
+    plan = make_plan(model=model, gpu="mi355x")
+    encoder = family != "qwen3-classifier"
+    assert not plan.eligible and plan.eligible_layers == 0
+    assert plan.reasons == sorted(
+        [plan_module.POOLING_MODEL, *(["not decoder self-attention"] if encoder else [])]
+    )
+    assert main(["plan", "--model", model, "--gpu", "mi355x"]) == 0
+    out = capsys.readouterr().out
+    assert "asm decode: no layer is eligible" in out and "no decode steps" in out, out
+
+
+def test_an_index_without_its_shards_plans_from_the_config_and_says_so(tmp_path, capsys):
+    """A download of the *.json files alone (the index included) plans from config.json,
+    and the scales line says why no checkpoint was read. (A checkpoint missing some of
+    its shards is refused: test_checkpoint_scales.)"""
+    model = model_dir(tmp_path, DECODER)
+    index = {"metadata": {}, "weight_map": {"lm_head.weight": "model-00001-of-00002.safetensors"}}
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
+    assert main(["plan", "--model", model]) == 0
+    out = capsys.readouterr().out
+    assert "1.0 (config only: no shard of model.safetensors.index.json is here" in out, out
+
+
+@pytest.mark.parametrize(
+    ("config", "args", "says"),
+    [
+        (
+            DECODER | {"num_attention_heads": 10**9, "num_key_value_heads": 10**9},
+            [],
+            "config.json: num_key_value_heads 1000000000 gives 1000000000 KV heads per rank "
+            "of head size 128 in 4 layers: one block of 16 tokens (ROCM_ATTN's smallest) "
+            "takes",
+        ),
+        (
+            DECODER | {"num_attention_heads": 10**9, "num_key_value_heads": 10**9},
+            ["--block-size", "32", "--gpu", "mi300x"],
+            "num_key_value_heads 1000000000 gives 1000000000 KV heads per rank",
+        ),
+        (  # without a KV head count: as many as the heads
+            {k: v for k, v in DECODER.items() if k != "num_key_value_heads"}
+            | {"num_attention_heads": 10**9},
+            [],
+            "config.json: num_attention_heads 1000000000 gives 1000000000 KV heads per rank",
+        ),
+    ],
+    ids=["default-block", "block-size-given", "no-kv-head-count"],
+)
+def test_a_config_no_gpu_holds_a_block_of_names_its_heads_not_an_option(
+    tmp_path, config, args, says, capsys
+):
+    line = one_line_exit_2(["plan", "--model", model_dir(tmp_path, config), *args], capsys)
+    assert says in line and "--block-size" not in line, line
+
+
+def test_vllms_reading_of_a_config_no_gpu_holds_a_block_of_names_its_heads(tmp_path):
+    """A model type judged only from vLLM's reading (not a plain decoder) gets the same."""
+    config = {
+        "architectures": ["GemmaForCausalLM"],
+        "model_type": "gemma",
+        "hidden_size": 1024,
+        "head_dim": 128,
+        "num_attention_heads": 10**9,
+        "num_key_value_heads": 10**9,
+        "num_hidden_layers": 4,
+        "intermediate_size": 1024,
+        "vocab_size": 1000,
+        "max_position_embeddings": 4096,
+        "torch_dtype": "bfloat16",
+    }
+    with pytest.raises(InputError) as info:
+        make_plan(model=model_dir(tmp_path, config), gpu="mi300x")
+    message = str(info.value)
+    assert "as vLLM reads it, gives 1000000000 KV heads per rank of head size 128" in message
+    assert "--block-size" not in message and "MI300X's 192 GiB" in message, message
+
+
+def test_a_state_space_model_is_said_to_have_no_attention_layers(tmp_path, capsys):
+    mamba = {
+        "architectures": ["MambaForCausalLM"],
+        "model_type": "mamba",
+        "hidden_size": 768,
+        "state_size": 16,
+        "num_hidden_layers": 4,
+        "vocab_size": 1000,
+        "torch_dtype": "bfloat16",
+    }
+    line = one_line_exit_2(["plan", "--model", model_dir(tmp_path / "mamba", mamba)], capsys)
+    assert "has no attention fields (num_attention_heads) but a state size (state_size)" in line
+    assert "no attention layers, so ROCM_ATTN and its asm decode do not apply" in line, line
+    # Mamba2 counts its SSM heads as num_heads: vLLM's reading says it is attention-free.
+    mamba2 = mamba | {
+        "architectures": ["Mamba2ForCausalLM"],
+        "model_type": "mamba2",
+        "hidden_size": 2048,
+        "num_heads": 64,
+        "head_dim": 64,
+        "n_groups": 1,
+    }
+    line = one_line_exit_2(["plan", "--model", model_dir(tmp_path / "mamba2", mamba2)], capsys)
+    assert "mamba2 has no attention layers (vLLM serves it attention-free)" in line, line
+
+
+def test_one_kv_head_is_one_kv_head(tmp_path, capsys):
+    model = model_dir(tmp_path, DECODER | {"num_key_value_heads": 1})
+    assert main(["plan", "--model", model, "--gpu", "mi355x"]) == 0
+    out = capsys.readouterr().out
+    assert f"per rank {DECODER['num_attention_heads']} query / 1 KV head (GQA " in out, out

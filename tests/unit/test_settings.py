@@ -37,6 +37,19 @@ def test_switch_bad_value_names_variable_and_value(monkeypatch, raw):
     assert settings.SWITCH_ENV in str(err.value) and repr(raw) in str(err.value)
 
 
+@pytest.mark.parametrize(
+    ("name", "parse"),
+    [(settings.SWITCH_ENV, settings.asm_decode_switch), (settings.TRUST_ENV, settings.trust_aiter)],
+    ids=["switch", "trust-aiter"],
+)
+def test_a_bad_flag_lists_every_value_it_takes(monkeypatch, name, parse):
+    """(trial 17) true and false are taken as 1 and 0 are: the error lists them too."""
+    monkeypatch.setenv(name, "yes")
+    with pytest.raises(settings.SettingError) as err:
+        parse()
+    assert "use 1 or true (" in str(err.value) and "or 0 or false (" in str(err.value), err
+
+
 @pytest.mark.parametrize(("raw", "expected"), [(None, None), ("640", 640), ("0512", 512)])
 def test_cut_values(monkeypatch, raw, expected):
     if raw is None:

@@ -114,7 +114,8 @@ def checkpoint_format(model_dir: Path) -> str:
     ``"safetensors"`` when any ``*.safetensors`` file is present (vLLM prefers them);
     else ``"pytorch-bin"`` for ``*.bin`` or ``*.pt`` weights (training leftovers such as
     ``optimizer.pt`` do not count), whose scales :func:`read_kv_scales` does not read
-    because that would load the whole file; else ``"none"``.
+    because that would load the whole file; else ``"none"`` (a download of the ``*.json``
+    files alone, a sharded checkpoint's index included, plans from ``config.json``).
     """
     from vllm.model_executor.model_loader.weight_utils import (
         filter_files_not_needed_for_inference,
@@ -132,8 +133,9 @@ def checkpoint_format(model_dir: Path) -> str:
 def _files_to_open(model_dir: Path) -> dict[Path, list[str] | None]:
     """Each safetensors file to open, with the scale names to read from it.
 
-    With an index, only the files its ``weight_map`` gives a KV scale, with those names;
-    without one, every ``*.safetensors`` file, its names to be found in its header (None).
+    With an index, only the files its ``weight_map`` gives a KV scale, with those names
+    (every file it names must be there: vLLM loads them all); without one, every
+    ``*.safetensors`` file, its names to be found in its header (None).
     """
     index = model_dir / INDEX_NAME
     if not index.is_file():
@@ -156,13 +158,22 @@ def _files_to_open(model_dir: Path) -> dict[Path, list[str] | None]:
     for name, file in entries:
         if _kv_scale_target(name) is not None:
             wanted.setdefault(model_dir / file, []).append(name)
-    for path, names in wanted.items():
+    # Each file the index names, with the first tensor it places there (a scale's when
+    # the file holds one): vLLM loads every shard, so a missing one stops its load.
+    shards: dict[Path, str] = {path: names[0] for path, names in wanted.items()}
+    for name, file in entries:
+        shards.setdefault(model_dir / file, name)
+    for path, name in shards.items():
         if path.is_dir():
             raise CheckpointError(
-                f"{index} places {names[0]} in {path}, a directory, not a safetensors file"
+                f"{index} places {name} in {path}, a directory, not a safetensors file"
             )
         if not path.exists():
-            raise CheckpointError(f"{path} (listed in {index.name}) does not exist")
+            raise CheckpointError(
+                f"{path} (listed in {index.name}) does not exist: the checkpoint is "
+                "incomplete; download the shard, or keep only the *.json files to plan "
+                "from config.json alone"
+            )
         if not path.is_file():
             raise CheckpointError(f"{path} (listed in {index.name}) is not a regular file")
     return {path: names for path, names in wanted.items()}

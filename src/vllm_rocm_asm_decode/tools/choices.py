@@ -13,7 +13,7 @@ import re
 import shutil
 import stat
 import tempfile
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -56,6 +56,9 @@ HEAD_COUNT_KEYS = ("num_attention_heads", "n_head", "num_heads", "n_heads")
 #: Names Hugging Face configs give the KV head count and the layer count.
 KV_HEAD_COUNT_KEYS = ("num_key_value_heads", "num_kv_heads", "n_head_kv", "multi_query_group_num")
 LAYER_COUNT_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
+#: Names state-space (Mamba) configs give the state size: a config with one of them and
+#: no head count is a model without attention layers.
+SSM_STATE_KEYS = ("state_size", "ssm_state_size", "mamba_d_state", "d_state")
 #: ``plan`` builds one attention layer per counted layer; the deepest served models have
 #: a little over a hundred. A count past this is a damaged config, not a model.
 MAX_LAYERS = 1024
@@ -155,6 +158,13 @@ def _resolve_model_dir(model: str) -> tuple[Path, str]:
             raise InputError(f"{config} is not a JSON object")
         sections = [raw, *(v for v in raw.values() if isinstance(v, dict))]
         if not any(key in section for section in sections for key in HEAD_COUNT_KEYS):
+            state = next((k for sec in sections for k in SSM_STATE_KEYS if k in sec), None)
+            if state is not None:
+                raise InputError(
+                    f"{config} has no attention fields (num_attention_heads) but a state "
+                    f"size ({state}): a state-space model (Mamba) has no attention layers, "
+                    "so ROCM_ATTN and its asm decode do not apply"
+                )
             raise InputError(f"{config} has no attention fields (num_attention_heads)")
         return path, str(path)
     if path.exists():
@@ -186,17 +196,27 @@ def _resolve_model_dir(model: str) -> tuple[Path, str]:
 
 
 def cache_too_large(
-    num_gpu_blocks: int | None, block_size: int, size: int, gpu: Gpu, any_gpu: bool = False
+    num_gpu_blocks: int | None,
+    block_size: int,
+    size: int,
+    gpu: Gpu,
+    any_gpu: bool = False,
+    model: str | None = None,
 ) -> str:
     """The error for a KV cache of ``size`` bytes per rank past ``gpu``'s memory
     (``any_gpu``: the largest of :data:`GPUS`, none was named): ``--num-gpu-blocks``
-    blocks, or without it (None) one block of ``--block-size`` tokens."""
+    blocks, or without it (None) one block of ``--block-size`` tokens. Where even one
+    block of the fewest tokens ROCM_ATTN takes is past the GPU, no option is to blame:
+    ``model`` then says what in the config makes it so, and ``size`` is that block's."""
     where = f"any GPU's (at most the {gpu.name}'s" if any_gpu else f"the {gpu.name}'s"
-    what = (
-        f"--num-gpu-blocks {num_gpu_blocks}: that KV cache takes"
-        if num_gpu_blocks
-        else f"--block-size {block_size}: one block takes"
-    )
+    if model is not None:
+        what = (
+            f"{model}: one block of {ROCM_ATTN_BLOCK_MULTIPLE} tokens (ROCM_ATTN's smallest) takes"
+        )
+    elif num_gpu_blocks:
+        what = f"--num-gpu-blocks {num_gpu_blocks}: that KV cache takes"
+    else:
+        what = f"--block-size {block_size}: one block takes"
     return f"{what} {size / 1024**3:.0f} GiB per rank, more than {where} {gpu.memory_gib} GiB" + (
         ")" if any_gpu else ""
     )
@@ -438,6 +458,18 @@ def kv_cache_dtype(text: str) -> str:
     if text not in KV_CACHE_DTYPES:
         raise argparse.ArgumentTypeError(f"{text!r} is not one of " + ", ".join(KV_CACHE_DTYPES))
     return text
+
+
+def one_of(values: Sequence[str]) -> Callable[[str], str]:
+    """An option's type that takes exactly one of ``values`` (argparse then says
+    ``argument --X: 'y' is not one of a, b``, as for every option)."""
+
+    def parse(text: str) -> str:
+        if text not in values:
+            raise argparse.ArgumentTypeError(f"{text!r} is not one of " + ", ".join(values))
+        return text
+
+    return parse
 
 
 def dtype(text: str) -> str:
@@ -718,6 +750,14 @@ def unwritable(path: str) -> str | None:
     if not os.access(parent, os.W_OK | os.X_OK):
         return f"{parent} is not writable"
     return _cannot_create_in(parent)
+
+
+def said_of(subject: str, why: str) -> str:
+    """``subject`` (an option and its value) with what is wrong with it: a phrase said of
+    it follows it (``--json x is a directory``), a sentence of its own after a colon
+    (``--json x/y: x does not exist``)."""
+    phrase = why.startswith(("is ", "ends ", "exists "))
+    return f"{subject} {why}" if phrase else f"{subject}: {why}"
 
 
 def new_file_mode() -> int:

@@ -339,6 +339,7 @@ def _add_bench_serve(bench) -> None:
     p.add_argument("--model", required=True, type=choices.nonempty, help="what vllm serve serves")
     p.add_argument(
         "--baseline",
+        type=choices.one_of(sb.BASELINES),
         default="plugin-off",
         metavar="plugin-off|mha-off",
         help="baseline arm: VLLM_ROCM_ASM_DECODE=0 (default, everything else "
@@ -386,6 +387,7 @@ def _add_bench_serve(bench) -> None:
     )
     p.add_argument(
         "--dataset",
+        type=choices.one_of(sb.DATASETS),
         default="random",
         metavar="random|sharegpt",
         help="random: 1024 in / 1024 out with --ignore-eos, the original change's run "
@@ -785,7 +787,7 @@ def _serve_machine_problem(args: argparse.Namespace) -> str | None:
     from .validation.serve_bench import host_problem
 
     if why := choices.not_executable(args.vllm, "is vLLM installed and on PATH?"):
-        return f"--vllm {args.vllm}: {why}"
+        return choices.said_of(f"--vllm {args.vllm}", why)
     if bad := choices.plugin_settings_problem():
         return bad
     return host_problem(args.host, args.port) or _port_taken(args.host, args.port)
@@ -1222,7 +1224,8 @@ def _main(argv: list[str] | None) -> int:
         return check_passkey(args)
     if name == "check accuracy":
         if args.json and (problem := choices.unwritable(args.json)):
-            print(f"{PROG} check accuracy: error: --json {args.json}: {problem}", file=sys.stderr)
+            said = choices.said_of(f"--json {args.json}", problem)
+            print(f"{PROG} check accuracy: error: {said}", file=sys.stderr)
             return 2
         if problem := choices.accuracy_memory_problem(args.heads, args.contexts):
             print(f"{PROG} check accuracy: error: {problem}", file=sys.stderr)
@@ -1307,7 +1310,7 @@ def _result_files_problem(
                 ):
                     continue  # straight in it: the run makes it before it writes anything
         if why := choices.unwritable(path):
-            return f"{option} {path}: {why}"
+            return choices.said_of(f"{option} {path}", why)
     if plot_path and find_spec("matplotlib") is None:
         return f"--plot {plot_path} needs matplotlib (pip install matplotlib)"
     return None

@@ -46,6 +46,7 @@ from .choices import (
     GPUS,
     MAX_CONFIG_BYTES,
     MAX_LAYERS,
+    ROCM_ATTN_BLOCK_MULTIPLE,
     Gpu,
     InputError,
     cache_too_large,
@@ -330,10 +331,15 @@ def plan_layers(
 ) -> list[PlanLayer]:
     """One :class:`PlanLayer` per attention layer, from vLLM's reading of the config."""
     import torch
-    from vllm.v1.attention.backend import AttentionType, MultipleOf
+    from vllm.v1.attention.backend import MultipleOf
     from vllm.v1.attention.backends.rocm_attn import RocmAttentionBackend, RocmAttentionImpl
 
     hf = model_config.hf_text_config
+    if model_config.is_attention_free:  # vLLM's registry: Mamba, Mamba2, RWKV-style models
+        raise PlanError(
+            f"{hf.model_type} has no attention layers (vLLM serves it attention-free), so "
+            "ROCM_ATTN and its asm decode do not apply"
+        )
     if model_config.use_mla:
         raise PlanError(
             f"{hf.model_type} uses multi-head latent attention: vLLM serves it with an MLA "
@@ -392,14 +398,12 @@ def plan_layers(
         )
     alibi = bool(getattr(hf, "alibi", False)) or hf.model_type in ("bloom", "mpt")
     sinks = torch.zeros(num_heads) if hf.model_type == "gpt_oss" else None
-    attn_type = (
-        AttentionType.ENCODER_DECODER if model_config.is_encoder_decoder else AttentionType.DECODER
-    )
+    attn_type = attention_type(model_config)
     # ROCM_ATTN's cache as vLLM binds it under its preferred LHBNC layout (dense pages).
     if 2 * num_blocks * block_size * num_kv_heads * head_size >= 2**63:
         raise PlanError(
             f"--block-size {block_size}: a KV cache of {num_blocks} block(s) of {block_size} "
-            f"tokens x {num_kv_heads} KV heads x {head_size} dims has more elements than a "
+            f"tokens x {_heads(num_kv_heads, 'KV')} x {head_size} dims has more elements than a "
             "tensor can index (2^63)"
         )
     element = torch.uint8 if kv_cache_dtype.startswith("fp8") else model_config.dtype
@@ -431,6 +435,25 @@ def plan_layers(
         )
         layers.append(PlanLayer(impl, kv_cache))
     return layers
+
+
+def attention_type(model_config) -> Any:
+    """The ``AttentionType`` vLLM gives the model's attention layers, from its own reading
+    of the config: ENCODER_DECODER for an encoder-decoder (T5, BART), ENCODER_ONLY for
+    what ``ModelConfig.attn_type`` says is encoder-only (BERT, RoBERTa, XLM-R: pooling
+    models of bidirectional attention), else DECODER."""
+    from vllm.v1.attention.backend import AttentionType
+
+    if model_config.is_encoder_decoder:
+        return AttentionType.ENCODER_DECODER
+    if model_config.attn_type == "encoder_only":
+        return AttentionType.ENCODER_ONLY
+    return AttentionType.DECODER
+
+
+#: Every layer's reason under vLLM's pooling runner (embedding, classification, reward,
+#: BERT-style encoders): a request is one forward pass over its prompt, never a decode.
+POOLING_MODEL = "a pooling model (vLLM's pooling runner): no decode steps"
 
 
 def _attention_number(hf, name: str) -> float | None:
@@ -511,6 +534,7 @@ def kv_cache_bytes_per_block(layers: list[PlanLayer]) -> int:
 def checkpoint_scales(model_dir: Path, label: str, model_config, num_layers: int):
     """Per-layer (K, V) scales as vLLM will use them, and a word on where they come from."""
     from .checkpoint_scales import (
+        INDEX_NAME,
         CheckpointError,
         checkpoint_format,
         layer_scales,
@@ -522,6 +546,8 @@ def checkpoint_scales(model_dir: Path, label: str, model_config, num_layers: int
     if label.startswith("preset "):
         return ones, "1.0 (a preset: config only, no checkpoint read)"
     weights = checkpoint_format(model_dir)
+    if weights == "none" and (model_dir / INDEX_NAME).is_file():
+        return ones, f"1.0 (config only: no shard of {INDEX_NAME} is here, none read)"
     if weights == "none":
         return ones, "1.0 (config only, no checkpoint read)"
     if weights == "pytorch-bin":
@@ -627,6 +653,14 @@ def make_plan(
     )
     if the_gpu.memory_gib is not None:  # without --num-gpu-blocks: one block
         kv_bytes = (num_gpu_blocks or 1) * kv_cache_bytes_per_block(layers)
+        smallest = kv_cache_bytes_per_block(layers) // block_size * ROCM_ATTN_BLOCK_MULTIPLE
+        if smallest > the_gpu.memory_gib * 1024**3:  # the config's doing, not an option's
+            kv_heads = layers[0].impl.num_kv_heads
+            model = (
+                f"{label}'s config.json, as vLLM reads it, gives {_heads(kv_heads, 'KV')} per "
+                f"rank of head size {layers[0].impl.head_size} in {len(layers)} layers"
+            )
+            raise PlanError(cache_too_large(None, block_size, smallest, the_gpu, model=model))
         if kv_bytes > the_gpu.memory_gib * 1024**3:
             raise PlanError(cache_too_large(num_gpu_blocks, block_size, kv_bytes, the_gpu))
     full_attention = any(layer.impl.sliding_window == (-1, -1) for layer in layers)
@@ -663,8 +697,9 @@ def make_plan(
         notes.append(
             f"the vLLM imported here carries the asm decode itself ({IN_TREE_MODULE}): "
             "the plugin stays inactive there, and that vLLM's asm decode reads none of the "
-            "VLLM_ROCM_ASM_DECODE* settings (--attention-config.use_aiter_asm_decode=false "
-            "turns it off); this plan is what the plugin does on a stock vLLM 0.33 "
+            "VLLM_ROCM_ASM_DECODE* settings (it is off by default there: "
+            "--attention-config.use_aiter_asm_decode=true turns it on); this plan is what "
+            "the plugin does on a stock vLLM 0.33 "
             "(the project's docs/upstream.md says where the in-tree change differs)"
         )
     if os.environ.get("VLLM_ROCM_USE_AITER") is None:
@@ -672,6 +707,8 @@ def make_plan(
             "VLLM_ROCM_USE_AITER is unset here: planned as the deployment sets it to 1 (the "
             "plugin needs it; unset, AITER and so the asm decode are off)"
         )
+    if model_config.runner_type == "pooling":
+        per_layer = [[*r, POOLING_MODEL] for r in per_layer]
     if off := switched_off():  # as vLLM would read the environment plan runs in
         per_layer = [[*r, off] for r in per_layer]
     eligible = [not r for r in per_layer]
@@ -812,6 +849,11 @@ def make_plan(
     )
 
 
+def _heads(count: int, kind: str) -> str:
+    """``8 KV heads``, ``1 KV head``."""
+    return f"{count} {kind} head" + ("" if count == 1 else "s")
+
+
 def _ranges(idx: list[int]) -> str:
     out, start = [], idx[0]
     for a, b in zip(idx, [*idx[1:], None], strict=True):
@@ -829,7 +871,7 @@ def render(plan: Plan) -> str:
         f"gpu        {plan.gpu} ({plan.arch}, {plan.compute_units} CUs), "
         f"TP {plan.tensor_parallel_size}",
         f"attention  {plan.num_layers} layers; per rank {plan.num_heads_per_rank} query / "
-        f"{plan.num_kv_heads_per_rank} KV heads (GQA {gqa}), head size {plan.head_size}; "
+        f"{_heads(plan.num_kv_heads_per_rank, 'KV')} (GQA {gqa}), head size {plan.head_size}; "
         f"{plan.dtype}, {plan.kv_cache_dtype} KV cache, block {plan.block_size}, "
         f"max_model_len {plan.max_model_len}",
         f"kernels    {plan.kernel_table}",

@@ -18,6 +18,7 @@ from .choices import (
     KV_HEAD_COUNT_KEYS,
     LAYER_COUNT_KEYS,
     MAX_LAYERS,
+    ROCM_ATTN_BLOCK_MULTIPLE,
     InputError,
     _count,
     attention_section,
@@ -183,8 +184,20 @@ def check_cache_size(
         return
     per_rank = max(1, (kv_heads or heads) // tensor_parallel_size)
     width = 1 if kv_cache_dtype.startswith("fp8") else 2
-    size = (num_gpu_blocks or 1) * layers * 2 * block_size * per_rank * head_dim * width
+    per_token = layers * 2 * per_rank * head_dim * width
+    size = (num_gpu_blocks or 1) * block_size * per_token
     the_gpu = GPUS[gpu] if gpu else max(GPUS.values(), key=lambda g: g.memory_gib or 0)
-    if size > (the_gpu.memory_gib or 0) * 1024**3:
+    limit = (the_gpu.memory_gib or 0) * 1024**3
+    if (smallest := ROCM_ATTN_BLOCK_MULTIPLE * per_token) > limit:  # the config's doing
+        # No KV head count: as many KV heads as heads (check_model_config found those).
+        key, count = counts[0] or _count(section, HEAD_COUNT_KEYS) or ("heads", heads)
+        model = (
+            f"{model_dir / 'config.json'}: {key} {count} gives {per_rank} KV "
+            f"{'head' if per_rank == 1 else 'heads'} per rank of head size {head_dim} in "
+            f"{layers} layers"
+        )
+        why = cache_too_large(None, block_size, smallest, the_gpu, not gpu, model=model)
+        raise InputError(why)
+    if size > limit:
         why = cache_too_large(num_gpu_blocks, block_size, size, the_gpu, any_gpu=not gpu)
         raise InputError(why)

@@ -137,7 +137,7 @@ def settings_of(args: argparse.Namespace) -> Settings:
 
 def _executable(option: str, value: str, hint: str) -> str | None:
     why = choices.not_executable(value, hint)
-    return f"{option} {value}: {why}" if why else None
+    return choices.said_of(f"{option} {value}", why) if why else None
 
 
 #: The directories a reproduction keeps in ``--out``, beside ``reproduction.json``.

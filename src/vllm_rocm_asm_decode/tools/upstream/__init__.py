@@ -111,25 +111,58 @@ def written(stage: int) -> tuple[Path, ...]:
 # The tree
 
 
-def _read(path: Path) -> str:
-    """A file's text; unreadable or non-UTF-8 files are one-line errors."""
+#: The largest file read from a tree: vLLM's largest source files are a few hundred KiB,
+#: and a larger one (a link to /dev/zero, a sparse file) would only fill memory.
+MAX_FILE_BYTES = 16 * 2**20
+
+
+def _read_bytes(path: Path) -> bytes:
+    """A regular file's bytes. A FIFO (whose read would wait for a writer, for ever), a
+    device, a socket, a dangling symlink, a file past :data:`MAX_FILE_BYTES` and an
+    unreadable one are one-line errors naming ``path``."""
     try:
-        return path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise UpstreamError(f"{path} is not UTF-8 text (byte {exc.start})") from None
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            raise UpstreamError(_not_regular(path) or f"{path} is not a regular file")
+        # O_NONBLOCK: a FIFO put in its place meanwhile opens at once (and is refused).
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        if odd := _not_regular(path):
+            raise UpstreamError(odd) from None
+        raise UpstreamError(f"cannot read {path}: {exc.strerror or exc}") from None
+    try:
+        with os.fdopen(fd, "rb") as f:
+            there = os.fstat(f.fileno())
+            if not stat.S_ISREG(there.st_mode):
+                raise UpstreamError(f"{path} is not a regular file (a FIFO, a device or a socket)")
+            data = b"" if there.st_size > MAX_FILE_BYTES else f.read(MAX_FILE_BYTES + 1)
     except OSError as exc:
         raise UpstreamError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if there.st_size > MAX_FILE_BYTES or len(data) > MAX_FILE_BYTES:
+        raise UpstreamError(
+            f"{path} is larger than {MAX_FILE_BYTES // 2**20} MiB, far more than any of "
+            "vLLM's source files; not vLLM's file"
+        )
+    return data
+
+
+def _decode(path: Path, data: bytes) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UpstreamError(f"{path} is not UTF-8 text (byte {exc.start})") from None
+
+
+def _read(path: Path) -> str:
+    """A file's text, its line endings read as LF (:func:`_read_bytes` says which files
+    are refused; a non-UTF-8 one is too)."""
+    text = _decode(path, _read_bytes(path))
+    return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
 def _read_lf(path: Path) -> tuple[str, str]:
     """A file's text with LF line endings, and its own text as it is on disk (a file
     with CRLF endings keeps them: :func:`_as_file`). Mixed endings are refused."""
-    try:
-        raw = path.read_bytes().decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise UpstreamError(f"{path} is not UTF-8 text (byte {exc.start})") from None
-    except OSError as exc:
-        raise UpstreamError(f"cannot read {path}: {exc.strerror or exc}") from None
+    raw = _decode(path, _read_bytes(path))
     _refuse_a_byte_order_mark(path, raw, "git checkout -- the file")
     if "\r" not in raw:
         return raw, raw
@@ -177,7 +210,7 @@ def tree_version(root: Path) -> tuple[str, str]:
     version_file = root / "vllm" / "_version.py"
     if version_file.is_dir():
         raise UpstreamError(f"{version_file} is a directory, not vLLM's version file")
-    if not version_file.exists():
+    if not os.path.lexists(version_file):  # a dangling symlink is there: _read names it
         raise UpstreamError(
             f"cannot tell which vLLM {root} is: no vllm/_version.py and no v* git tag"
         )
@@ -186,10 +219,12 @@ def tree_version(root: Path) -> tuple[str, str]:
     _refuse_a_byte_order_mark(version_file, text, "delete the first character")
     if (found := version_in(text)) is not None:
         return found, "vllm/_version.py"
-    said = re.search(r"^\s*(?:__version__|version)\b.*$", text, re.MULTILINE)
+    said = re.findall(r"^[ \t]*(?:__version__|version)\b.*$", text, re.MULTILINE)
+    # The line that assigns the version, not its annotation (``version: str``) above it.
+    line = next((s for s in said if "=" in s), said[0] if said else None)
     raise UpstreamError(
         f"{version_file} gives no version string"
-        + (f" ({said[0].strip()!r}; vLLM writes __version__ = '0.33.0')" if said else "")
+        + (f" ({line.strip()!r}; vLLM writes __version__ = '0.33.0')" if line else "")
     )
 
 
@@ -247,6 +282,10 @@ def check_tree(root: Path, stage: int = DEFAULT_STAGE) -> str:
     symlink or not)."""
     try:
         if not root.exists():
+            if root.is_symlink():
+                raise UpstreamError(
+                    f"{root} is a dangling symlink (to {os.readlink(root)}), not a directory"
+                )
             raise UpstreamError(f"{root} does not exist")
         if not root.is_dir():
             raise UpstreamError(f"{root} is not a directory")
@@ -264,7 +303,9 @@ def check_tree(root: Path, stage: int = DEFAULT_STAGE) -> str:
     numbers = re.match(r"(\d+)\.(\d+)", version, re.ASCII)  # int() reads other digits too
     if numbers is None or (int(numbers[1]), int(numbers[2])) != SUPPORTED:
         raise UpstreamError(
-            f"{root} is vLLM {version} (from {source}); this change is written for vLLM 0.33.x only"
+            f"{root} is vLLM {version} (from {source}); this change is written for vLLM 0.33.x "
+            "only: write it into a checkout of v0.33.0 (git checkout v0.33.0), or a copy of "
+            "vLLM 0.33's files"
         )
     return version
 

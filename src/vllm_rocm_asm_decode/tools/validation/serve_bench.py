@@ -52,6 +52,8 @@ DEFAULT_NUM_PROMPTS = (8, 32, 64, 256, 256)
 #: concurrency is flagged (host stalls) and left out of the means.
 OUTLIER_FACTOR = 3.0
 DATASETS = ("random", "sharegpt")
+#: The baseline arms: the plugin switched off, or vLLM's AITER MHA off (the original's).
+BASELINES = ("plugin-off", "mha-off")
 #: What each baseline's server logs when the plugin stays out of the way.
 BASELINE_SWITCH = {"plugin-off": "VLLM_ROCM_ASM_DECODE=0", "mha-off": "VLLM_ROCM_USE_AITER_MHA=0"}
 _ELIGIBLE = re.compile(r"ROCM_ATTN asm decode: (\d+) of (\d+) layers eligible")
@@ -222,7 +224,7 @@ class ServeConfig:
     dataset_path: Path | None = None
 
     def __post_init__(self) -> None:
-        if self.baseline not in ("plugin-off", "mha-off"):
+        if self.baseline not in BASELINES:
             raise ValueError(f"--baseline {self.baseline!r}: use plugin-off or mha-off")
         if why := dataset_problem(self.dataset, self.dataset_path):
             raise ValueError(why)
