@@ -8,10 +8,13 @@ and, where the core rule passes, the guards':
   launcher would pick, and that row's ``.co`` file is installed (:mod:`.kernel_table`);
 * an AITER before 0.1.17 is kept away from caches of more blocks than it reads right
   (:mod:`.aiter_version`);
-* fp16 queries wait for proof: AITER's own tests run the ultra-precision kernel for bf16
-  queries only (``op_tests/test_pa.py``), and so did every measurement of the original
-  change. ``VLLM_ROCM_ASM_DECODE_TRUST_AITER=1`` (this AITER build passed ``doctor``,
-  whose self-test runs an fp16 probe) admits them, as it admits high KV blocks.
+* fp16 queries wait for proof: AITER's accuracy test runs the ultra-precision kernel
+  for bf16 queries only (``op_tests/test_pa.py``; its
+  ``op_tests/test_pa_block_id_truncation.py`` runs fp16 too, but as a one-block
+  fingerprint of the block-id fix, not against a reference), and so did every
+  measurement of the original change. ``VLLM_ROCM_ASM_DECODE_TRUST_AITER=1`` (this
+  AITER build passed ``doctor``, whose self-test runs an fp16 probe) admits them, as
+  it admits high KV blocks.
 
 Per step, the cut is the core's ``2 x compute units`` unless
 ``VLLM_ROCM_ASM_DECODE_CUT`` moves it (:func:`resolve_cut`); per call,
@@ -37,8 +40,8 @@ if TYPE_CHECKING:
 
 #: Why fp16-query layers keep HIP until this AITER build is trusted.
 FP16_UNPROVEN = (
-    "fp16 queries (AITER's tests run its ultra-precision kernel for bf16 only: trusted "
-    "once doctor's fp16 probe passed on this GPU)"
+    "fp16 queries (AITER's accuracy test runs its ultra-precision kernel for bf16 "
+    "only: trusted once doctor's fp16 probe passed on this GPU)"
 )
 
 #: Longest context validated on hardware (passkey retrieval, in the original change's

@@ -385,7 +385,7 @@ def test_standin_hsa_lists_only_installed_files():
 
 
 def test_fp16_queries_wait_for_proof(tmp_path, kernels, plugin_log, aiter_version, monkeypatch):
-    """AITER's tests run the ultra-precision kernel for bf16 queries only: fp16 layers
+    """AITER's accuracy test runs the ultra-precision kernel for bf16 queries only: fp16 layers
     keep HIP, saying why and how to lift it, until the trust switch (this AITER build
     passed doctor, whose self-test has an fp16 probe) admits them."""
     from vllm_rocm_asm_decode.eligibility import FP16_UNPROVEN

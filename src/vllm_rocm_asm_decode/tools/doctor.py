@@ -489,8 +489,8 @@ def _block_id_check(aiter: AiterBuild, probe: Check | None = None) -> Check:
 def _fp16_check(aiter: AiterBuild, probe: Check | None = None) -> Check:
     """Whether fp16-query models can use the asm decode with this AITER, and why."""
     unproven = (
-        "fp16 queries keep the HIP decode: AITER's tests run its ultra-precision kernel "
-        "for bf16 only"
+        "fp16 queries keep the HIP decode: AITER's accuracy test runs its ultra-precision "
+        "kernel for bf16 only"
     )
     if probe is not None and not probe.ok:
         return Check("fp16-queries", False, f"{unproven}; the fp16 probe failed here")

@@ -187,7 +187,7 @@ _BUILDER_INIT = """\
         self._asm_cut = 0  # set when the layers are bound (build())
         self._asm_scales: dict[torch.nn.Module, tuple[torch.Tensor, torch.Tensor]] = {}
         self._asm_filled: dict[torch.nn.Module, tuple[float, float]] = {}
-        seqs = vllm_config.scheduler_config.max_num_seqs  # graphs hold asm's lengths
+        seqs = vllm_config.scheduler_config.max_num_seqs if self._asm_to_bind else 0
         self._asm_seq_lens = torch.ones(seqs, dtype=torch.int32, device=device)"""
 
 #: The cap's own gate, which stage 3 removes with the cap.

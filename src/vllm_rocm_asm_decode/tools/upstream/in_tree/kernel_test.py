@@ -204,6 +204,10 @@ def test_the_builder_decides_on_host_integers(tmp_path, gfx942):
     k, v = model.builder.build_for_cudagraph_capture(step).asm_scales[model.attn]
     kw = pa.call_args.kwargs  # the layer's own tables, the ultra-precision kernel
     assert kw["K_QScale"] is k and kw["V_QScale"] is v and kw["high_precision"] == 2
+    pad = common([16] * (n + 1) + [0], [[1]] * (n + 2))  # a FULL graph's padding row
+    ptr = model.builder.build(0, step).seq_lens.data_ptr()  # graphs read these lengths
+    lens = model.builder.build(0, pad).seq_lens  # refilled in place, floored at 1:
+    assert lens.data_ptr() == ptr and lens.tolist() == [16] * (n + 1) + [1]  # 0: NaN
     query = torch.zeros(n + 1, 16, HEAD, device=DEVICE)  # the asm step's
     with hip as stock, mock.patch.object(rocm_aiter_ops, "pa_fwd_asm") as pa:
         model.run(query, metadata, scale=torch.ones(()))  # an output quant fused in
