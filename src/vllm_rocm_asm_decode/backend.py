@@ -356,7 +356,10 @@ class RocmAsmDecodeMetadataBuilder(RocmAttentionMetadataBuilder):
         #: ``contract_model.EMPTY_ROW``), which a later op reading several rows (a
         #: per-tensor dynamic quant) spreads to real ones. Refilled in place by every
         #: build() of a step above the cut, so the graphs holding asm read the step's.
-        seqs = vllm_config.scheduler_config.max_num_seqs if own else 0
+        #: (A later bind that binds no layer leaves graphs captured on asm with lengths
+        #: no longer refreshed: a KV-cache re-bind after capture, which vLLM 0.33 does
+        #: not make, already leaves such graphs reading the old cache.)
+        seqs = vllm_config.scheduler_config.max_num_seqs if self.asm_settings else 0
         self.asm_seq_lens = torch.ones(seqs, dtype=torch.int32, device=device)
         #: Why mixed steps are not split (None: they are).
         self.asm_split_off: str | None = "the asm decode is off"

@@ -152,15 +152,24 @@ def test_one_long_sequence_keeps_the_step_on_hip_and_a_uniform_one_runs_asm(tmp_
     model = skew_model(tmp_path)
     skewed = harness.make_batch(model, [32768] + [1024] * 127, contexts=False)
     uniform = harness.make_batch(model, [1024] * 128, contexts=False)
-    assert model.builder.build(0, uniform.common).use_asm_decode
+    lengths = model.builder.build(0, uniform.common)
+    assert lengths.use_asm_decode
+    ptr = lengths.seq_lens.data_ptr()  # the builder's buffer, which a graph would hold
     metadata = model.builder.build(0, skewed.common)
     assert not metadata.use_asm_decode
+    # A graph of this size holds asm and replays it whatever the step decides: the step's
+    # lengths are refilled in place all the same.
+    assert metadata.seq_lens.data_ptr() == ptr
+    assert metadata.seq_lens.tolist() == [32768] + [1024] * 127
     harness.run_layer(model, model.names[0], skewed, metadata)
     assert harness.asm_calls() == [] and kernels.hip_decode == 1
     # vLLM's capture batch: one token a request, claiming max_model_len.
     dummy = harness.make_batch(model, [1] * 128, contexts=False).common
     captured = dataclasses.replace(dummy, max_seq_len=40960)
-    assert model.builder.build_for_cudagraph_capture(captured).use_asm_decode
+    capture = model.builder.build_for_cudagraph_capture(captured)
+    assert capture.use_asm_decode and capture.seq_lens.data_ptr() == ptr
+    assert capture.seq_lens.tolist() == [1] * 128  # the capture's own lengths, never 0
+    assert model.builder.build(0, uniform.common).seq_lens.tolist() == [1024] * 128
 
 
 @harness.plugin_only

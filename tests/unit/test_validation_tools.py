@@ -175,7 +175,10 @@ def test_amd_ci_pipeline_runs_the_hardware_tests_and_checks_on_both_families():
 
 @pytest.mark.parametrize(
     ("where", "says"),
-    [("/nonexistent/dir/x.json", ": /nonexistent/dir does not exist"), ("DIR", " is a directory")],
+    [
+        ("/nonexistent/dir/x.json", ": /nonexistent/dir does not exist"),
+        ("DIR", " is a directory; give a file name"),
+    ],
     ids=["no-dir", "a-dir"],
 )
 def test_accuracy_json_path_is_checked_before_the_run(where, says, tmp_path, capsys):

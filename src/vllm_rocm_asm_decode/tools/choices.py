@@ -730,7 +730,7 @@ def unwritable(path: str) -> str | None:
         return None if why is None else f"is a link to {target}; {why}"
     if info is not None:
         if stat.S_ISDIR(info.st_mode):
-            return "is a directory"
+            return "is a directory; give a file name"
         if not stat.S_ISREG(info.st_mode) and path != os.devnull:
             # A FIFO blocks the write at the end of the run until something reads it.
             return "is not a regular file (a FIFO, a device or a socket); give a file name"
