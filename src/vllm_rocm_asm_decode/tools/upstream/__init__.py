@@ -114,6 +114,9 @@ def written(stage: int) -> tuple[Path, ...]:
 #: The largest file read from a tree: vLLM's largest source files are a few hundred KiB,
 #: and a larger one (a link to /dev/zero, a sparse file) would only fill memory.
 MAX_FILE_BYTES = 16 * 2**20
+#: What to do about a file of the tree that cannot be read: vLLM's own file back (one
+#: this change edits), or this one out of the way (one it writes).
+_RESTORE = "; put vLLM 0.33's own file there (git checkout), or move this one aside"
 
 
 def _read_bytes(path: Path) -> bytes:
@@ -122,25 +125,27 @@ def _read_bytes(path: Path) -> bytes:
     unreadable one are one-line errors naming ``path``."""
     try:
         if not stat.S_ISREG(os.stat(path).st_mode):
-            raise UpstreamError(_not_regular(path) or f"{path} is not a regular file")
+            why = _not_regular(path) or f"{path} is not a regular file"
+            raise UpstreamError(why + _RESTORE)
         # O_NONBLOCK: a FIFO put in its place meanwhile opens at once (and is refused).
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
         if odd := _not_regular(path):
-            raise UpstreamError(odd) from None
+            raise UpstreamError(odd + _RESTORE) from None
         raise UpstreamError(f"cannot read {path}: {exc.strerror or exc}") from None
     try:
         with os.fdopen(fd, "rb") as f:
             there = os.fstat(f.fileno())
             if not stat.S_ISREG(there.st_mode):
-                raise UpstreamError(f"{path} is not a regular file (a FIFO, a device or a socket)")
+                why = f"{path} is not a regular file (a FIFO, a device or a socket)"
+                raise UpstreamError(why + _RESTORE)
             data = b"" if there.st_size > MAX_FILE_BYTES else f.read(MAX_FILE_BYTES + 1)
     except OSError as exc:
         raise UpstreamError(f"cannot read {path}: {exc.strerror or exc}") from None
     if there.st_size > MAX_FILE_BYTES or len(data) > MAX_FILE_BYTES:
         raise UpstreamError(
             f"{path} is larger than {MAX_FILE_BYTES // 2**20} MiB, far more than any of "
-            "vLLM's source files; not vLLM's file"
+            "vLLM's source files; not vLLM's file" + _RESTORE
         )
     return data
 
