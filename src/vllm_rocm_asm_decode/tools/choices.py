@@ -454,12 +454,6 @@ def fraction(text: str) -> float:
     return value
 
 
-def kv_cache_dtype(text: str) -> str:
-    if text not in KV_CACHE_DTYPES:
-        raise argparse.ArgumentTypeError(f"{text!r} is not one of " + ", ".join(KV_CACHE_DTYPES))
-    return text
-
-
 def one_of(values: Sequence[str]) -> Callable[[str], str]:
     """An option's type that takes exactly one of ``values`` (argparse then says
     ``argument --X: 'y' is not one of a, b``, as for every option)."""
@@ -470,6 +464,9 @@ def one_of(values: Sequence[str]) -> Callable[[str], str]:
         return text
 
     return parse
+
+
+kv_cache_dtype = one_of(KV_CACHE_DTYPES)
 
 
 def dtype(text: str) -> str:
@@ -750,6 +747,11 @@ def unwritable(path: str) -> str | None:
     if not os.access(parent, os.W_OK | os.X_OK):
         return f"{parent} is not writable"
     return _cannot_create_in(parent)
+
+
+def heads_text(count: int, kind: str) -> str:
+    """``8 KV heads``, ``1 KV head``."""
+    return f"{count} {kind} head" + ("" if count == 1 else "s")
 
 
 def said_of(subject: str, why: str) -> str:

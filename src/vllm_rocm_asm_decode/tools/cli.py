@@ -341,7 +341,7 @@ def _add_bench_serve(bench) -> None:
         "--baseline",
         type=choices.one_of(sb.BASELINES),
         default="plugin-off",
-        metavar="plugin-off|mha-off",
+        metavar="|".join(sb.BASELINES),
         help="baseline arm: VLLM_ROCM_ASM_DECODE=0 (default, everything else "
         "equal) or VLLM_ROCM_USE_AITER_MHA=0 (the original change's baseline)",
     )
@@ -389,7 +389,7 @@ def _add_bench_serve(bench) -> None:
         "--dataset",
         type=choices.one_of(sb.DATASETS),
         default="random",
-        metavar="random|sharegpt",
+        metavar="|".join(sb.DATASETS),
         help="random: 1024 in / 1024 out with --ignore-eos, the original change's run "
         "(default); sharegpt: vLLM's ShareGPT run, chat-like lengths (needs --dataset-path)",
     )

@@ -51,6 +51,7 @@ from .choices import (
     InputError,
     cache_too_large,
     first_line,
+    heads_text,
     resolve_model_dir,
 )
 from .contract_model import original_time_model
@@ -403,8 +404,8 @@ def plan_layers(
     if 2 * num_blocks * block_size * num_kv_heads * head_size >= 2**63:
         raise PlanError(
             f"--block-size {block_size}: a KV cache of {num_blocks} block(s) of {block_size} "
-            f"tokens x {_heads(num_kv_heads, 'KV')} x {head_size} dims has more elements than a "
-            "tensor can index (2^63)"
+            f"tokens x {heads_text(num_kv_heads, 'KV')} x {head_size} dims has more elements "
+            "than a tensor can index (2^63)"
         )
     element = torch.uint8 if kv_cache_dtype.startswith("fp8") else model_config.dtype
     groups = torch.empty(
@@ -652,12 +653,13 @@ def make_plan(
         num_blocks=num_gpu_blocks or 1,
     )
     if the_gpu.memory_gib is not None:  # without --num-gpu-blocks: one block
-        kv_bytes = (num_gpu_blocks or 1) * kv_cache_bytes_per_block(layers)
-        smallest = kv_cache_bytes_per_block(layers) // block_size * ROCM_ATTN_BLOCK_MULTIPLE
+        per_block = kv_cache_bytes_per_block(layers)
+        kv_bytes = (num_gpu_blocks or 1) * per_block
+        smallest = per_block // block_size * ROCM_ATTN_BLOCK_MULTIPLE
         if smallest > the_gpu.memory_gib * 1024**3:  # the config's doing, not an option's
             kv_heads = layers[0].impl.num_kv_heads
             model = (
-                f"{label}'s config.json, as vLLM reads it, gives {_heads(kv_heads, 'KV')} per "
+                f"{label}'s config.json, as vLLM reads it, gives {heads_text(kv_heads, 'KV')} per "
                 f"rank of head size {layers[0].impl.head_size} in {len(layers)} layers"
             )
             raise PlanError(cache_too_large(None, block_size, smallest, the_gpu, model=model))
@@ -849,11 +851,6 @@ def make_plan(
     )
 
 
-def _heads(count: int, kind: str) -> str:
-    """``8 KV heads``, ``1 KV head``."""
-    return f"{count} {kind} head" + ("" if count == 1 else "s")
-
-
 def _ranges(idx: list[int]) -> str:
     out, start = [], idx[0]
     for a, b in zip(idx, [*idx[1:], None], strict=True):
@@ -871,7 +868,7 @@ def render(plan: Plan) -> str:
         f"gpu        {plan.gpu} ({plan.arch}, {plan.compute_units} CUs), "
         f"TP {plan.tensor_parallel_size}",
         f"attention  {plan.num_layers} layers; per rank {plan.num_heads_per_rank} query / "
-        f"{_heads(plan.num_kv_heads_per_rank, 'KV')} (GQA {gqa}), head size {plan.head_size}; "
+        f"{heads_text(plan.num_kv_heads_per_rank, 'KV')} (GQA {gqa}), head size {plan.head_size}; "
         f"{plan.dtype}, {plan.kv_cache_dtype} KV cache, block {plan.block_size}, "
         f"max_model_len {plan.max_model_len}",
         f"kernels    {plan.kernel_table}",

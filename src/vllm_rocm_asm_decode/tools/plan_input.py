@@ -23,6 +23,7 @@ from .choices import (
     _count,
     attention_section,
     cache_too_large,
+    heads_text,
 )
 
 #: The dtypes vLLM runs a model in; ``--dtype auto`` takes the checkpoint's when it is
@@ -192,9 +193,8 @@ def check_cache_size(
         # No KV head count: as many KV heads as heads (check_model_config found those).
         key, count = counts[0] or _count(section, HEAD_COUNT_KEYS) or ("heads", heads)
         model = (
-            f"{model_dir / 'config.json'}: {key} {count} gives {per_rank} KV "
-            f"{'head' if per_rank == 1 else 'heads'} per rank of head size {head_dim} in "
-            f"{layers} layers"
+            f"{model_dir / 'config.json'}: {key} {count} gives {heads_text(per_rank, 'KV')} "
+            f"per rank of head size {head_dim} in {layers} layers"
         )
         why = cache_too_large(None, block_size, smallest, the_gpu, not gpu, model=model)
         raise InputError(why)

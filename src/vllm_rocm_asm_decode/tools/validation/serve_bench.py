@@ -52,10 +52,10 @@ DEFAULT_NUM_PROMPTS = (8, 32, 64, 256, 256)
 #: concurrency is flagged (host stalls) and left out of the means.
 OUTLIER_FACTOR = 3.0
 DATASETS = ("random", "sharegpt")
-#: The baseline arms: the plugin switched off, or vLLM's AITER MHA off (the original's).
-BASELINES = ("plugin-off", "mha-off")
 #: What each baseline's server logs when the plugin stays out of the way.
 BASELINE_SWITCH = {"plugin-off": "VLLM_ROCM_ASM_DECODE=0", "mha-off": "VLLM_ROCM_USE_AITER_MHA=0"}
+#: The baseline arms: the plugin switched off, or vLLM's AITER MHA off (the original's).
+BASELINES = tuple(BASELINE_SWITCH)
 _ELIGIBLE = re.compile(r"ROCM_ATTN asm decode: (\d+) of (\d+) layers eligible")
 
 
