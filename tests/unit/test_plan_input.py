@@ -434,6 +434,48 @@ def test_a_pooling_model_has_no_layer_on_asm(tmp_path, family, capsys):
     assert main(["plan", "--model", model, "--gpu", "mi355x"]) == 0
     out = capsys.readouterr().out
     assert "asm decode: no layer is eligible" in out and "no decode steps" in out, out
+    # No decode step: no table of decode kernels by batch size (it printed one, all HIP).
+    assert plan.batches == [] and "seqs  query heads" not in out
+    assert out.rstrip().endswith("no decode kernel table: the model runs no decode step")
+
+
+def whisper(d_model: int, encoder_layers: int = 32, decoder_layers: int = 2) -> dict:
+    """A Whisper config (distil-whisper's layer counts by default): its head counts are
+    named encoder_/decoder_attention_heads, not num_attention_heads."""
+    return {
+        "architectures": ["WhisperForConditionalGeneration"],
+        "model_type": "whisper",
+        "d_model": d_model,
+        "encoder_attention_heads": 20,
+        "decoder_attention_heads": 20,
+        "encoder_layers": encoder_layers,
+        "decoder_layers": decoder_layers,
+        "vocab_size": 51866,
+        "num_mel_bins": 128,
+        "max_source_positions": 1500,
+        "max_target_positions": 448,
+        "torch_dtype": "bfloat16",
+    }
+
+
+@pytest.mark.parametrize(
+    ("d_model", "reasons"), [(1280, ["head size 64"]), (2560, [])], ids=["whisper", "head-128"]
+)
+def test_an_encoder_decoder_is_planned_on_its_decoders_self_attention(
+    tmp_path, d_model, reasons, capsys
+):
+    """Whisper's config was refused: "has no attention fields (num_attention_heads)".
+    Its decoder's self-attention layers (2 in distil-whisper, beside 32 encoder layers)
+    are the ones that decode on ROCM_ATTN; they were read as cross-attention ("not
+    decoder self-attention") and counted as the encoder's."""
+    model = model_dir(tmp_path, whisper(d_model))
+    plan = make_plan(model=model, gpu="mi355x")
+    assert plan.num_layers == 2 and plan.num_heads_per_rank == 20
+    assert plan.head_size == d_model // 20 and plan.reasons == reasons
+    assert plan.eligible is not reasons and plan.max_model_len == 448
+    assert main(["plan", "--model", model, "--gpu", "mi355x"]) == 0
+    out = capsys.readouterr().out
+    assert "note: an encoder-decoder model: planned are its decoder's 2 self-attention" in out
 
 
 def test_an_index_without_its_shards_plans_from_the_config_and_says_so(tmp_path, capsys):
@@ -477,6 +519,18 @@ def test_a_config_no_gpu_holds_a_block_of_names_its_heads_not_an_option(
 ):
     line = one_line_exit_2(["plan", "--model", model_dir(tmp_path, config), *args], capsys)
     assert says in line and "--block-size" not in line, line
+    # 15259 GiB per rank at 10**9 KV heads: 238 GiB at -tp 64 fits the MI355X only.
+    fits = "--gpu" not in args
+    assert line.endswith("; -tp 64 would fit it") is fits, line
+    # 2**16 KV heads x 128 dims x K and V x 1024 layers x 16 tokens: 512 GiB per rank
+    # in bf16, 256 in fp8, 128 in fp8 at -tp 2: the config was blamed, options fit it.
+    wide = config | {"num_hidden_layers": 1024, "hidden_size": 2**23}
+    wide |= {"num_attention_heads": 2**16} | (
+        {"num_key_value_heads": 2**16} if "num_key_value_heads" in config else {}
+    )
+    cmd = ["plan", "--model", model_dir(tmp_path / "wide", wide), "--gpu", "mi300x", *args[:2]]
+    line = one_line_exit_2([*cmd, "--kv-cache-dtype", "auto"], capsys)
+    assert line.endswith("; -tp 2 with --kv-cache-dtype fp8 would fit it"), line  # 128 GiB
 
 
 def test_vllms_reading_of_a_config_no_gpu_holds_a_block_of_names_its_heads(tmp_path):
@@ -499,6 +553,41 @@ def test_vllms_reading_of_a_config_no_gpu_holds_a_block_of_names_its_heads(tmp_p
     message = str(info.value)
     assert "as vLLM reads it, gives 1000000000 KV heads per rank of head size 128" in message
     assert "--block-size" not in message and "MI300X's 192 GiB" in message, message
+    assert not message.endswith("would fit it"), message  # 10**9 KV heads: nothing fits
+    # 2**16 KV heads x 128 x 1024 layers: one block of 16 tokens is 256 GiB per rank in
+    # fp8, 512 GiB in bf16. The config was blamed where options would fit it.
+    config |= {"num_attention_heads": 2**16, "num_key_value_heads": 2**16}
+    config |= {"hidden_size": 2**23, "num_hidden_layers": 1024}
+    for args, fix in (
+        (dict(gpu="mi355x", kv_cache_dtype="auto"), "--kv-cache-dtype fp8"),  # 256 <= 288
+        (dict(gpu="mi300x"), "-tp 2"),  # 128 <= 192
+        (dict(gpu="mi300x", kv_cache_dtype="auto"), "-tp 2 with --kv-cache-dtype fp8"),
+        (dict(gpu="mi300x", kv_cache_dtype="auto", tensor_parallel_size=2), "--kv-cache-dtype fp8"),
+    ):
+        with pytest.raises(InputError) as info:
+            make_plan(model=model_dir(tmp_path / "wide", config), **args)
+        assert str(info.value).endswith(f"GiB; {fix} would fit it"), (args, str(info.value))
+
+
+@pytest.mark.parametrize(
+    ("size", "heads", "kv_heads", "tp", "dtype", "fix"),
+    [
+        (512, 64, 64, 1, "auto", "--kv-cache-dtype fp8"),
+        (512, 64, 64, 1, "fp8", "-tp 2"),
+        (1024, 64, 64, 1, "fp8", "-tp 4"),
+        (1024, 64, 64, 1, "auto", "-tp 2 with --kv-cache-dtype fp8"),  # not -tp 4: bf16
+        (512, 48, 48, 1, "fp8", "-tp 2"),
+        (768, 48, 48, 1, "fp8", "-tp 3"),  # the fewest ranks that split 48 heads
+        (1280, 40, 40, 1, "fp8", "-tp 5"),  # not 3 or 4: they do not split 40 heads
+        (512, 64, 1, 1, "fp8", ""),  # one KV head is replicated, never split
+        (512, 64, 8, 8, "fp8", ""),  # one KV head per rank already
+        (2**10 * 65, 2**10, 2**10, 1, "fp8", ""),  # past 64 ranks
+    ],
+)
+def test_smaller_block_fix_proposes_what_fits(size, heads, kv_heads, tp, dtype, fix):
+    from vllm_rocm_asm_decode.tools.choices import smaller_block_fix
+
+    assert smaller_block_fix(size, 256, heads, kv_heads, tp, dtype) == fix
 
 
 def test_a_state_space_model_is_said_to_have_no_attention_layers(tmp_path, capsys):

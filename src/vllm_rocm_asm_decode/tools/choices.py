@@ -53,6 +53,9 @@ DTYPES = {
 #: Names Hugging Face configs give the attention head count. Without one, transformers
 #: would fill in its class defaults and the plan would describe a model that isn't there.
 HEAD_COUNT_KEYS = ("num_attention_heads", "n_head", "num_heads", "n_heads")
+#: Names encoder-decoder configs (Whisper) give their head counts instead; transformers
+#: maps ``num_attention_heads`` to the encoder's.
+ENCODER_DECODER_HEAD_KEYS = ("decoder_attention_heads", "encoder_attention_heads")
 #: Names Hugging Face configs give the KV head count and the layer count.
 KV_HEAD_COUNT_KEYS = ("num_key_value_heads", "num_kv_heads", "n_head_kv", "multi_query_group_num")
 LAYER_COUNT_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
@@ -157,7 +160,8 @@ def _resolve_model_dir(model: str) -> tuple[Path, str]:
         if not isinstance(raw, dict):
             raise InputError(f"{config} is not a JSON object")
         sections = [raw, *(v for v in raw.values() if isinstance(v, dict))]
-        if not any(key in section for section in sections for key in HEAD_COUNT_KEYS):
+        named = HEAD_COUNT_KEYS + ENCODER_DECODER_HEAD_KEYS
+        if not any(key in section for section in sections for key in named):
             state = next((k for sec in sections for k in SSM_STATE_KEYS if k in sec), None)
             if state is not None:
                 raise InputError(
@@ -202,12 +206,14 @@ def cache_too_large(
     gpu: Gpu,
     any_gpu: bool = False,
     model: str | None = None,
+    fix: str = "",
 ) -> str:
     """The error for a KV cache of ``size`` bytes per rank past ``gpu``'s memory
     (``any_gpu``: the largest of :data:`GPUS`, none was named): ``--num-gpu-blocks``
     blocks, or without it (None) one block of ``--block-size`` tokens. Where even one
-    block of the fewest tokens ROCM_ATTN takes is past the GPU, no option is to blame:
-    ``model`` then says what in the config makes it so, and ``size`` is that block's."""
+    block of the fewest tokens ROCM_ATTN takes is past the GPU, no block option is to
+    blame: ``model`` then says what in the config makes it so, ``size`` is that block's,
+    and ``fix`` (from :func:`smaller_block_fix`) the options that would fit it."""
     where = f"any GPU's (at most the {gpu.name}'s" if any_gpu else f"the {gpu.name}'s"
     if model is not None:
         what = (
@@ -217,9 +223,37 @@ def cache_too_large(
         what = f"--num-gpu-blocks {num_gpu_blocks}: that KV cache takes"
     else:
         what = f"--block-size {block_size}: one block takes"
-    return f"{what} {size / 1024**3:.0f} GiB per rank, more than {where} {gpu.memory_gib} GiB" + (
-        ")" if any_gpu else ""
+    return (
+        f"{what} {size / 1024**3:.0f} GiB per rank, more than {where} {gpu.memory_gib} GiB"
+        + (")" if any_gpu else "")
+        + (f"; {fix} would fit it" if fix else "")
     )
+
+
+#: The most tensor-parallel ranks :func:`smaller_block_fix` proposes.
+MAX_PROPOSED_RANKS = 64
+
+
+def smaller_block_fix(
+    size: int, limit: int, heads: int, kv_heads: int, tp: int, kv_cache_dtype: str
+) -> str:
+    """The options that bring a block of ``size`` bytes per rank (at ``-tp tp`` and this
+    KV dtype) under ``limit``, as vLLM would split ``heads`` and ``kv_heads`` (the model's
+    totals): an fp8 KV cache (half the bytes; the asm decode's), then the fewest ranks,
+    up to :data:`MAX_PROPOSED_RANKS`, that fit; empty when none does."""
+    halve = not kv_cache_dtype.startswith("fp8")
+
+    def per_rank(ranks: int) -> int:
+        return max(1, kv_heads // ranks)
+
+    for ranks in range(tp, MAX_PROPOSED_RANKS + 1):
+        splits = heads % ranks == 0 and (
+            kv_heads % ranks == 0 if kv_heads >= ranks else ranks % kv_heads == 0
+        )
+        if splits and size * per_rank(ranks) // per_rank(tp) >> halve <= limit:
+            fp8 = "--kv-cache-dtype fp8" if halve else ""
+            return " with ".join(x for x in (f"-tp {ranks}" * (ranks > tp), fp8) if x)
+    return ""
 
 
 def _count(section: dict, keys: tuple[str, ...]) -> tuple[str, object] | None:

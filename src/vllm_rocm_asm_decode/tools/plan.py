@@ -53,6 +53,7 @@ from .choices import (
     first_line,
     heads_text,
     resolve_model_dir,
+    smaller_block_fix,
 )
 from .contract_model import original_time_model
 from .plan_input import check_config, check_model_path, unserved_head_size
@@ -350,6 +351,8 @@ def plan_layers(
         head_size = model_config.get_head_size()
         num_heads, num_kv_heads = _per_rank_heads(model_config, tp)
         num_layers = model_config.get_total_num_hidden_layers()
+        if model_config.is_encoder_decoder:  # Whisper: its decoder's self-attention layers
+            num_layers = getattr(hf, "decoder_layers", None) or num_layers
     except PlanError:
         raise
     except Exception as exc:
@@ -439,14 +442,14 @@ def plan_layers(
 
 
 def attention_type(model_config) -> Any:
-    """The ``AttentionType`` vLLM gives the model's attention layers, from its own reading
-    of the config: ENCODER_DECODER for an encoder-decoder (T5, BART), ENCODER_ONLY for
-    what ``ModelConfig.attn_type`` says is encoder-only (BERT, RoBERTa, XLM-R: pooling
-    models of bidirectional attention), else DECODER."""
+    """The ``AttentionType`` vLLM gives the attention layers ``plan`` models, from its own
+    reading of the config: ENCODER_ONLY for what ``ModelConfig.attn_type`` says is
+    encoder-only (BERT, RoBERTa, XLM-R: pooling models of bidirectional attention), else
+    DECODER: a decoder's layers, or an encoder-decoder's (Whisper) decoder self-attention
+    layers, the only ones of it that decode on ROCM_ATTN (its encoder runs each prompt
+    once; ROCM_ATTN serves no cross-attention, which vLLM gives another backend)."""
     from vllm.v1.attention.backend import AttentionType
 
-    if model_config.is_encoder_decoder:
-        return AttentionType.ENCODER_DECODER
     if model_config.attn_type == "encoder_only":
         return AttentionType.ENCODER_ONLY
     return AttentionType.DECODER
@@ -662,7 +665,17 @@ def make_plan(
                 f"{label}'s config.json, as vLLM reads it, gives {heads_text(kv_heads, 'KV')} per "
                 f"rank of head size {layers[0].impl.head_size} in {len(layers)} layers"
             )
-            raise PlanError(cache_too_large(None, block_size, smallest, the_gpu, model=model))
+            fix = smaller_block_fix(
+                smallest,
+                the_gpu.memory_gib * 1024**3,
+                model_config.model_arch_config.total_num_attention_heads,
+                model_config.get_total_num_kv_heads(),
+                tensor_parallel_size,
+                kv_cache_dtype,
+            )
+            raise PlanError(
+                cache_too_large(None, block_size, smallest, the_gpu, model=model, fix=fix)
+            )
         if kv_bytes > the_gpu.memory_gib * 1024**3:
             raise PlanError(cache_too_large(num_gpu_blocks, block_size, kv_bytes, the_gpu))
     full_attention = any(layer.impl.sliding_window == (-1, -1) for layer in layers)
@@ -709,8 +722,15 @@ def make_plan(
             "VLLM_ROCM_USE_AITER is unset here: planned as the deployment sets it to 1 (the "
             "plugin needs it; unset, AITER and so the asm decode are off)"
         )
-    if model_config.runner_type == "pooling":
+    pooling = model_config.runner_type == "pooling"
+    if pooling:
         per_layer = [[*r, POOLING_MODEL] for r in per_layer]
+    if model_config.is_encoder_decoder:
+        notes.append(
+            f"an encoder-decoder model: planned are its decoder's {len(layers)} "
+            "self-attention layers; its encoder and cross-attention layers never run "
+            "ROCM_ATTN's decode"
+        )
     if off := switched_off():  # as vLLM would read the environment plan runs in
         per_layer = [[*r, off] for r in per_layer]
     eligible = [not r for r in per_layer]
@@ -767,7 +787,7 @@ def make_plan(
     # attention outside any graph, so each step is decided on its lengths.
     full = cudagraph_mode == "FULL"
     batches = []
-    for n in sizes:
+    for n in [] if pooling else sizes:  # a pooling model has no decode step
         captured = "hip" if full else kernel(n)
         batches.append(
             {"num_seqs": n, "query_heads": n * heads, "kernel": captured} | worst(n, captured)
@@ -921,6 +941,8 @@ def render(plan: Plan) -> str:
             what = "asm" if g.eligible else "HIP: " + "; ".join(g.reasons)
             lines.append(f"  layers {_ranges(g.layers)}: {what}")
     lines += [f"note: {n}" for n in plan.notes]
+    if not plan.batches:
+        return "\n".join([*lines, "", "no decode kernel table: the model runs no decode step"])
     mode = plan.cudagraph_mode
     # NONE captures no graph; PIECEWISE's graphs leave the attention out.
     sizes = "these batch sizes" if mode == "NONE" else "vLLM's capture sizes"

@@ -24,6 +24,7 @@ from .choices import (
     attention_section,
     cache_too_large,
     heads_text,
+    smaller_block_fix,
 )
 
 #: The dtypes vLLM runs a model in; ``--dtype auto`` takes the checkpoint's when it is
@@ -196,7 +197,10 @@ def check_cache_size(
             f"{model_dir / 'config.json'}: {key} {count} gives {heads_text(per_rank, 'KV')} "
             f"per rank of head size {head_dim} in {layers} layers"
         )
-        why = cache_too_large(None, block_size, smallest, the_gpu, not gpu, model=model)
+        fix = smaller_block_fix(
+            smallest, limit, heads, kv_heads or heads, tensor_parallel_size, kv_cache_dtype
+        )
+        why = cache_too_large(None, block_size, smallest, the_gpu, not gpu, model, fix)
         raise InputError(why)
     if size > limit:
         why = cache_too_large(num_gpu_blocks, block_size, size, the_gpu, any_gpu=not gpu)
