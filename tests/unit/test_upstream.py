@@ -252,6 +252,11 @@ def test_a_path_that_is_not_a_regular_file_is_refused(tree, capsys, kind, rel):
         code, out, err = run(capsys, *argv)
         assert code == 2 and out == "" and err.count("\n") == 1, err
         assert f"{tree / rel} {why}" in err, err
+        # A file the change edits goes back; one it writes goes aside (moved aside, an
+        # edited file would be missing).
+        fix = "move it aside" if rel == upstream.KERNEL_TEST else "put vLLM 0.33's own file back"
+        assert fix in err and err.endswith("; nothing written\n"), err
+        assert ("aside" in err) is (rel == upstream.KERNEL_TEST), err
     assert (tree / rel).is_symlink() or stat.S_ISFIFO((tree / rel).lstat().st_mode)
 
 

@@ -114,38 +114,43 @@ def written(stage: int) -> tuple[Path, ...]:
 #: The largest file read from a tree: vLLM's largest source files are a few hundred KiB,
 #: and a larger one (a link to /dev/zero, a sparse file) would only fill memory.
 MAX_FILE_BYTES = 16 * 2**20
-#: What to do about a file of the tree that cannot be read: vLLM's own file back (one
-#: this change edits), or this one out of the way (one it writes).
-_RESTORE = "; put vLLM 0.33's own file there (git checkout), or move this one aside"
+#: What to do about a file of the tree that cannot be read: vLLM's own file back, where
+#: the change edits it; out of the way, where the change writes its own.
+_RESTORE = (
+    "; put vLLM 0.33's own file back (git checkout -- the file, in a git tree); nothing written"
+)
+_MOVE_ASIDE = "; move it aside (a run writes its own); nothing written"
+_REGENERATE = "; vLLM's build writes its own there (pip install -e .); nothing written"
 
 
-def _read_bytes(path: Path) -> bytes:
+def _read_bytes(path: Path, fix: str) -> bytes:
     """A regular file's bytes. A FIFO (whose read would wait for a writer, for ever), a
     device, a socket, a dangling symlink, a file past :data:`MAX_FILE_BYTES` and an
-    unreadable one are one-line errors naming ``path``."""
+    unreadable one are one-line errors naming ``path``, ending with ``fix``: what to do
+    about it."""
     try:
         if not stat.S_ISREG(os.stat(path).st_mode):
             why = _not_regular(path) or f"{path} is not a regular file"
-            raise UpstreamError(why + _RESTORE)
+            raise UpstreamError(why + fix)
         # O_NONBLOCK: a FIFO put in its place meanwhile opens at once (and is refused).
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
         if odd := _not_regular(path):
-            raise UpstreamError(odd + _RESTORE) from None
+            raise UpstreamError(odd + fix) from None
         raise UpstreamError(f"cannot read {path}: {exc.strerror or exc}") from None
     try:
         with os.fdopen(fd, "rb") as f:
             there = os.fstat(f.fileno())
             if not stat.S_ISREG(there.st_mode):
                 why = f"{path} is not a regular file (a FIFO, a device or a socket)"
-                raise UpstreamError(why + _RESTORE)
+                raise UpstreamError(why + fix)
             data = b"" if there.st_size > MAX_FILE_BYTES else f.read(MAX_FILE_BYTES + 1)
     except OSError as exc:
         raise UpstreamError(f"cannot read {path}: {exc.strerror or exc}") from None
     if there.st_size > MAX_FILE_BYTES or len(data) > MAX_FILE_BYTES:
         raise UpstreamError(
             f"{path} is larger than {MAX_FILE_BYTES // 2**20} MiB, far more than any of "
-            "vLLM's source files; not vLLM's file" + _RESTORE
+            "vLLM's source files; not vLLM's file" + fix
         )
     return data
 
@@ -157,17 +162,18 @@ def _decode(path: Path, data: bytes) -> str:
         raise UpstreamError(f"{path} is not UTF-8 text (byte {exc.start})") from None
 
 
-def _read(path: Path) -> str:
+def _read(path: Path, fix: str) -> str:
     """A file's text, its line endings read as LF (:func:`_read_bytes` says which files
-    are refused; a non-UTF-8 one is too)."""
-    text = _decode(path, _read_bytes(path))
+    are refused, and ``fix`` what to do; a non-UTF-8 one is refused too)."""
+    text = _decode(path, _read_bytes(path, fix))
     return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
-def _read_lf(path: Path) -> tuple[str, str]:
+def _read_lf(path: Path, fix: str) -> tuple[str, str]:
     """A file's text with LF line endings, and its own text as it is on disk (a file
-    with CRLF endings keeps them: :func:`_as_file`). Mixed endings are refused."""
-    raw = _decode(path, _read_bytes(path))
+    with CRLF endings keeps them: :func:`_as_file`). Mixed endings are refused; so is
+    what :func:`_read_bytes` refuses, with ``fix``."""
+    raw = _decode(path, _read_bytes(path, fix))
     _refuse_a_byte_order_mark(path, raw, "git checkout -- the file")
     if "\r" not in raw:
         return raw, raw
@@ -219,7 +225,7 @@ def tree_version(root: Path) -> tuple[str, str]:
         raise UpstreamError(
             f"cannot tell which vLLM {root} is: no vllm/_version.py and no v* git tag"
         )
-    text = _read(version_file)
+    text = _read(version_file, _REGENERATE)
     # Generated (setuptools-scm) and ignored by git: no checkout restores it.
     _refuse_a_byte_order_mark(version_file, text, "delete the first character")
     if (found := version_in(text)) is not None:
@@ -239,7 +245,7 @@ def _not_a_tree(root: Path, rel: Path) -> str:
     if here.is_dir():
         return f"{here} is a directory, not vLLM's file"
     if odd := _not_regular(here):
-        return odd
+        return odd + _RESTORE
     inside = Path(*rel.parts[1:])
     if (root / inside).is_file() and rel.parts[0] == "vllm":
         if any(root.resolve().parent.glob("vllm-*.dist-info")):
@@ -383,7 +389,7 @@ def _plan(root: Path, stage: int) -> dict[Path, tuple[str | None, str]]:
                 path = root / rel
                 if not path.is_file():
                     raise UpstreamError(_not_a_tree(root, rel))
-                text, raw = _read_lf(path)
+                text, raw = _read_lf(path, _RESTORE)
                 # git's checkout restores only a file git tracks (a fresh `git init`: none)
                 listed = _git(root, "ls-files", "--error-unmatch", "--", str(rel)) if git else None
                 sources[rel] = (Source(rel, text, root, listed is not None), raw)
@@ -402,7 +408,7 @@ def _plan(root: Path, stage: int) -> dict[Path, tuple[str | None, str]]:
         if not path.is_file():
             files[rel] = (None, text)
             continue
-        there, raw = _read_lf(path)
+        there, raw = _read_lf(path, _MOVE_ASIDE)
         if rel == KERNEL_TEST and there != text:  # another stage's: the stack moves on
             renders = {m: render_kernel_test(stage=m) for m in range(1, LAST_STAGE + 1)}
             if there in [renders[m] for m in renders if m < stage]:
@@ -672,7 +678,7 @@ def _check_way(root: Path, rel: Path) -> None:
             kind = "a directory" if should_be_dir else "a file"
             raise UpstreamError(f"{here} is in the way (it should be {kind}); nothing written")
     if odd := _not_regular(root / rel):
-        raise UpstreamError(f"{odd}, where this change writes one; move it aside; nothing written")
+        raise UpstreamError(f"{odd}, where this change writes one" + _MOVE_ASIDE)
 
 
 def _make_parents(path: Path) -> list[Path]:
