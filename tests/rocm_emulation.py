@@ -8,8 +8,11 @@ vLLM 0.33 package: platform, backend selection, layers, builders, ``forward``.
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
+import re
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 STANDINS = Path(__file__).resolve().parent / "standins"
@@ -18,6 +21,38 @@ KERNEL_STANDIN = STANDINS / "kernels"  # aiter
 
 #: Compute units of the stand-in GPUs (MI300X/MI325X and MI355X).
 COMPUTE_UNITS = {"gfx942": 304, "gfx950": 256}
+
+
+class _AiterMetadata(importlib.metadata.Distribution):
+    """The ``amd-aiter`` distribution's metadata, as AITER's wheel installs it: its name
+    and version, nothing else."""
+
+    def __init__(self, version: str) -> None:
+        self._text = f"Metadata-Version: 2.1\nName: amd-aiter\nVersion: {version}\n"
+
+    def read_text(self, filename: str) -> str | None:
+        return self._text if filename == "METADATA" else None
+
+    def locate_file(self, path: str | os.PathLike[str]) -> Path:
+        return KERNEL_STANDIN / path
+
+
+class AiterDistributionFinder(importlib.metadata.DistributionFinder):
+    """The stand-in AITER's distribution metadata for ``importlib.metadata`` (what
+    vLLM's ``rocm_attn.py`` reads once stage 1 is written, and the plugin reads first):
+    ``amd-aiter`` at ``$ASM_DECODE_TEST_AITER_VERSION``, read at each lookup as the
+    stand-in's ``aiter._version`` reads it; unset, not installed."""
+
+    def find_spec(self, *args: object, **kwargs: object) -> None:
+        return None  # no module is imported through it
+
+    def find_distributions(
+        self, context: importlib.metadata.DistributionFinder.Context | None = None
+    ) -> Iterator[importlib.metadata.Distribution]:
+        name = getattr(context, "name", None)
+        version = os.environ.get("ASM_DECODE_TEST_AITER_VERSION")
+        if version and (name is None or re.sub(r"[-_.]+", "-", name.lower()) == "amd-aiter"):
+            yield _AiterMetadata(version)
 
 
 def activate(arch: str | None = None, *, gpu: bool = True, aiter: bool = True) -> str:
@@ -31,6 +66,8 @@ def activate(arch: str | None = None, *, gpu: bool = True, aiter: bool = True) -
     for wanted, path in ((gpu, HARDWARE_STANDIN), (aiter, KERNEL_STANDIN)):
         if wanted and str(path) not in sys.path:
             sys.path.insert(0, str(path))
+    if aiter and not any(isinstance(f, AiterDistributionFinder) for f in sys.meta_path):
+        sys.meta_path.append(AiterDistributionFinder())
     os.environ["HIP_VISIBLE_DEVICES"] = ""  # vLLM's lenient driver check; no GPU is opened
     os.environ.setdefault("VLLM_ROCM_USE_AITER", "1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

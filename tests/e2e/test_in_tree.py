@@ -147,7 +147,7 @@ def test_an_aiter_before_0_1_17_keeps_every_layer_on_hip(
     tmp_path, kernels, plugin_log, monkeypatch, version
 ):
     """AITER before 0.1.17 misreads KV block ids >= 65536 (AITER issue 3062), one of
-    unknown version (no ``aiter._version``, or one that is no version) may: every layer
+    unknown version (no ``amd-aiter`` distribution, or one that is no version) may: every layer
     keeps the HIP decode, one warning line says why, and the count line says none decodes
     on asm. From 0.1.17 on, asm."""
     if version is None:

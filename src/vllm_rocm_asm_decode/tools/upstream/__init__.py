@@ -338,8 +338,8 @@ CAPPED_TABLES = (
         "",
     ),
     (
-        "never pass the cut, a fifth scale table (they lie beside vLLM's KV budget).",
-        "never pass the cut.",
+        "max_num_seqs at the cut, a fifth scale table.",
+        "max_num_seqs at the cut.",
     ),
 )
 

@@ -235,10 +235,9 @@ _STAGE_1_BIND = (
         layers = self.vllm_config.compilation_config.static_forward_context
         model, mi3xx, denied = self.vllm_config.model_config, on_mi3xx(), ""
         try:  # AITER before 0.1.17 misreads KV block ids >= 65536 (AITER issue 3062)
-            from aiter._version import __version__ as version
-
+            version = importlib.metadata.version("amd-aiter")  # AITER is not imported
             old = Version(version) < Version("0.1.17")
-        except Exception:  # none, one that fails to import, or InvalidVersion
+        except (importlib.metadata.PackageNotFoundError, InvalidVersion):
             version, old = "of unknown version", True
         for layer in (layers[name] for name in self.layer_names):
             reasons = _asm_decode_rejections(layer.impl, layer.kv_cache, model, mi3xx)
@@ -325,6 +324,8 @@ _FORWARD_ASM = """\
 
 def stage1_rocm_attn(src: Source) -> None:
     src.ensure_import("vllm.config", "ModelConfig")
+    src.ensure_import("importlib.metadata")
+    src.ensure_import("packaging.version", "InvalidVersion")
     src.ensure_import("packaging.version", "Version")
     add_runtime_block(src, "core", lambda: _logger(src))
 

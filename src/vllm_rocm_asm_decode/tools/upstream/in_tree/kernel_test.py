@@ -1,5 +1,6 @@
 """ROCM_ATTN's decode on AITER's pa_fwd_asm (high_precision=2) over its fp8 KV cache."""
 
+import importlib.metadata
 import json
 import sys
 from dataclasses import replace
@@ -28,12 +29,9 @@ HEAD, BLOCK, PAD = 128, 16, 8
 CONTEXTS = [1, 15, 16, 17, 255, 1000, 4000]
 # asm vs HIP: the sum of their errors vs fp32 on MI355X with headroom, times the V scale
 ASM_MAX, ASM_MEAN = 0.05, 0.002  # asm 0.026 / 0.00078, HIP 0.0072 / 0.00018 (max/mean)
-try:
-    from aiter._version import __version__
-
-    from vllm.platforms.rocm import on_mi3xx
-
-    ASM = on_mi3xx() and Version(__version__) >= Version("0.1.17")
+try:  # PackageNotFoundError is an ImportError; vllm.platforms.rocm imports on ROCm only
+    ASM = Version(importlib.metadata.version("amd-aiter")) >= Version("0.1.17")
+    ASM = ASM and importlib.import_module("vllm.platforms.rocm").on_mi3xx()
     ASM &= torch.accelerator.is_available()
 except (ImportError, InvalidVersion):
     ASM = False
@@ -55,8 +53,12 @@ def gfx942(monkeypatch):
     rocm = sys.modules.get("vllm.platforms.rocm", SimpleNamespace())  # imports on ROCm
     monkeypatch.setitem(sys.modules, "vllm.platforms.rocm", rocm)
     monkeypatch.setattr(rocm, "on_mi3xx", lambda: True, raising=False)
-    version = SimpleNamespace(__version__="0.1.17")
-    monkeypatch.setitem(sys.modules, "aiter._version", version)
+    version, real = SimpleNamespace(__version__="0.1.17"), importlib.metadata.version
+    monkeypatch.setattr(  # AITER's metadata (AITER itself is not imported)
+        importlib.metadata,
+        "version",
+        lambda name: version.__version__ if name == "amd-aiter" else real(name),
+    )
     monkeypatch.setattr(current_platform, "num_compute_units", lambda i=0: 304)
     monkeypatch.setattr(rocm_aiter_ops, "is_mha_enabled", lambda: True)
     monkeypatch.setitem(globals(), "STEP", "meta")  # build() reads no GPU value
@@ -215,8 +217,7 @@ def test_the_builder_decides_on_host_integers(tmp_path, gfx942):
     model.reload((0.5, 2.0), (0.5, 2.0))
     model.builder.build(0, step)  # refills the tables the graphs hold, in place
     assert (k == model.attn._k_scale).all() and (v == model.attn._v_scale).all()
-    assert k.shape == v.shape == (2, 8, BLOCK)  # [blocks, KV heads, slots], fp32
-    assert k.dtype == v.dtype == torch.float
+    assert k.shape == v.shape == (2, 8, BLOCK) and k.dtype == v.dtype == torch.float
     model.reload((0.25, 2.0), (0.5, 2.0))  # layers.0 parts: HIP; layers.1 keeps its K
     graphs = model.config.compilation_config  # vLLM's default: FULL_AND_PIECEWISE
     graphs.cudagraph_mode = cfg.CUDAGraphMode.FULL_AND_PIECEWISE
@@ -234,9 +235,8 @@ def test_the_builder_decides_on_host_integers(tmp_path, gfx942):
 
 
 def test_what_keeps_every_layer_on_hip(tmp_path, gfx942):
-    """No table bound, whatever the step: the switch off, AITER unsupported or before
-    0.1.17, a builder derived from this one, a layer the rule rejects, steps that can
-    never pass the cut, a fifth scale table (they lie beside vLLM's KV budget)."""
+    """No table bound, whatever the step: switch off, AITER off or before 0.1.17, a
+    derived builder, a rejected layer, max_num_seqs at the cut, a fifth scale table."""
     model = Model(tmp_path, 16, 8, 2, torch.bfloat16, [(1.0, 1.0), (2.0, 4.0)] * 2)
     n, builder = 2 * current_platform.num_compute_units() // 16, type(model.builder)
     step = common([16] * (n + 1), [[1]] * (n + 1))  # above the cut
@@ -247,7 +247,7 @@ def test_what_keeps_every_layer_on_hip(tmp_path, gfx942):
         assert not builder(*model.args).build(0, step).asm_scales
     with mock.patch.object(rocm_aiter_ops, "is_mha_enabled", lambda: None):
         assert not builder(*model.args).build(0, step).asm_scales
-    for version in ("0.1.16", "unknown"):  # block ids >= 65536; no version at all
+    for version in ("0.1.16", "unknown"):  # block ids >= 65536; no PEP 440 version
         with mock.patch.object(gfx942, "__version__", version):
             assert not builder(*model.args).build(0, step).asm_scales
     derived = type("Derived", (builder,), {})  # a backend built on ROCM_ATTN's
