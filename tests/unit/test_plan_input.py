@@ -439,6 +439,73 @@ def test_a_pooling_model_has_no_layer_on_asm(tmp_path, family, capsys):
     assert out.rstrip().endswith("no decode kernel table: the model runs no decode step")
 
 
+LLAMA4_TEXT = {
+    "architectures": ["Llama4ForCausalLM"],
+    "model_type": "llama4_text",
+    "hidden_size": 5120,
+    "num_attention_heads": 40,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "num_hidden_layers": 8,
+    "attention_chunk_size": 8192,
+    "no_rope_layers": [],  # transformers fills it in: every 4th layer without RoPE
+    "intermediate_size": 8192,
+    "intermediate_size_mlp": 16384,
+    "num_local_experts": 16,
+    "vocab_size": 202048,
+    "max_position_embeddings": 10485760,
+    "torch_dtype": "bfloat16",
+}
+JAMBA = {
+    "architectures": ["JambaForCausalLM"],
+    "model_type": "jamba",
+    "hidden_size": 4096,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "num_hidden_layers": 32,
+    "attn_layer_period": 8,
+    "attn_layer_offset": 4,
+    "num_experts": 16,
+    "intermediate_size": 14336,
+    "vocab_size": 65536,
+    "max_position_embeddings": 262144,
+    "torch_dtype": "bfloat16",
+}
+
+
+def test_llama_4s_chunked_local_attention_layers_keep_hip(tmp_path):
+    """Llama 4's layers with RoPE attend in chunks of 8192 tokens: vLLM builds them on a
+    backend derived from ROCM_ATTN's, whose decode stays HIP. All 8 were planned eligible
+    (and "only max_model_len keeps HIP" without --max-model-len)."""
+    plan = make_plan(model=model_dir(tmp_path, LLAMA4_TEXT), gpu="mi355x", max_model_len=40960)
+    groups = {tuple(g.layers): g.reasons for g in plan.layer_groups}
+    assert groups == {(0, 1, 2, 4, 5, 6): [plan_module.CHUNKED_LOCAL_ATTENTION], (3, 7): []}
+    assert plan.eligible_layers == 2
+    plan = make_plan(model=model_dir(tmp_path / "long", LLAMA4_TEXT), gpu="mi355x")
+    assert not any(n.startswith("only max_model_len keeps HIP") for n in plan.notes)
+    # Without a chunk size (a Llama 4 served with full attention): every layer asm.
+    unchunked = LLAMA4_TEXT | {"attention_chunk_size": None}
+    plan = make_plan(model=model_dir(tmp_path / "full", unchunked), max_model_len=40960)
+    assert plan.eligible_layers == 8
+
+
+def test_a_hybrid_model_is_planned_on_its_attention_layers_at_hip(tmp_path, capsys):
+    """Jamba's 32 layers hold 4 of attention (every 8th from the 5th); vLLM sizes their
+    blocks to hold a Mamba state page. All 32 were planned eligible at block 16."""
+    model = model_dir(tmp_path, JAMBA)
+    plan = make_plan(model=model, gpu="mi355x", max_model_len=4096)
+    assert plan.num_layers == 4 and not plan.eligible
+    assert plan.reasons == [plan_module.HYBRID_MODEL]
+    assert main(["plan", "--model", model, "--max-model-len", "4096"]) == 0
+    assert "attention  4 layers; per rank 32 query / 8 KV heads" in capsys.readouterr().out
+
+
+def test_one_layer_is_said_in_the_singular(tmp_path, capsys):
+    model = model_dir(tmp_path, DECODER | {"num_hidden_layers": 1})
+    assert main(["plan", "--model", model]) == 0
+    assert "attention  1 layer; per rank" in capsys.readouterr().out
+
+
 def whisper(d_model: int, encoder_layers: int = 32, decoder_layers: int = 2) -> dict:
     """A Whisper config (distil-whisper's layer counts by default): its head counts are
     named encoder_/decoder_attention_heads, not num_attention_heads."""

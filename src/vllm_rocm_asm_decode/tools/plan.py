@@ -317,6 +317,9 @@ class PlanLayer:
 
     impl: Any
     kv_cache: Any
+    #: Why vLLM builds the layer on a backend derived from ROCM_ATTN's, whose builder
+    #: keeps the HIP decode, or sizes its blocks past the kernel's; None where neither.
+    kept_on_hip: str | None = None
 
     @property
     def num_blocks(self) -> int:
@@ -353,6 +356,11 @@ def plan_layers(
         num_layers = model_config.get_total_num_hidden_layers()
         if model_config.is_encoder_decoder:  # Whisper: its decoder's self-attention layers
             num_layers = getattr(hf, "decoder_layers", None) or num_layers
+        if model_config.is_hybrid:  # Jamba, Qwen3-Next: their attention layers alone
+            from vllm.config import ParallelConfig
+
+            parallel = ParallelConfig(tensor_parallel_size=tp)
+            num_layers = model_config.get_num_layers_by_block_type(parallel, "attention")
     except PlanError:
         raise
     except Exception as exc:
@@ -410,6 +418,8 @@ def plan_layers(
             f"tokens x {heads_text(num_kv_heads, 'KV')} x {head_size} dims has more elements "
             "than a tensor can index (2^63)"
         )
+    # Llama 4: every layer with RoPE attends in chunks (vLLM's ChunkedLocalAttention).
+    ropes = (getattr(hf, "no_rope_layers", None) or []) if hf_chunk_size(hf) else []
     element = torch.uint8 if kv_cache_dtype.startswith("fp8") else model_config.dtype
     groups = torch.empty(
         2, num_blocks, block_size, num_kv_heads * head_size, dtype=element, device="meta"
@@ -437,8 +447,25 @@ def plan_layers(
             attn_type=attn_type,
             sinks=sinks,
         )
-        layers.append(PlanLayer(impl, kv_cache))
+        kept = HYBRID_MODEL if model_config.is_hybrid else None
+        if i < len(ropes) and ropes[i]:  # a layer with RoPE: a chunked one
+            kept = CHUNKED_LOCAL_ATTENTION
+        layers.append(PlanLayer(impl, kv_cache, kept))
     return layers
+
+
+def hf_chunk_size(hf) -> int | None:
+    """Llama 4's ``attention_chunk_size``: set, vLLM builds every layer that applies RoPE
+    (``no_rope_layers[i]`` 1) as chunked local attention."""
+    return getattr(hf, "attention_chunk_size", None)
+
+
+#: The reason of a layer of chunked local attention (Llama 4): vLLM builds it on a
+#: backend derived from ROCM_ATTN's, whose builder keeps the HIP decode.
+CHUNKED_LOCAL_ATTENTION = "chunked local attention (a builder derived from ROCM_ATTN's)"
+#: The reason of an attention layer of a hybrid model (Jamba, Qwen3-Next, Granite 4):
+#: vLLM makes its attention blocks at least as large as a layer's state page.
+HYBRID_MODEL = "a hybrid model: vLLM sizes its attention blocks to hold a state page, not 16 tokens"
 
 
 def attention_type(model_config) -> Any:
@@ -697,6 +724,7 @@ def make_plan(
     # Without --num-gpu-blocks the cache has one block: the block-id clause waits for it.
     per_layer = [
         rejection_reasons(layer.impl, layer.kv_cache, model_config, table, aiter)
+        + ([layer.kept_on_hip] if layer.kept_on_hip else [])
         for layer in layers
     ]
     # A layer kept on HIP by max_model_len alone also gets what AITER's guards would say
@@ -887,7 +915,8 @@ def render(plan: Plan) -> str:
         f"model      {plan.model}",
         f"gpu        {plan.gpu} ({plan.arch}, {plan.compute_units} CUs), "
         f"TP {plan.tensor_parallel_size}",
-        f"attention  {plan.num_layers} layers; per rank {plan.num_heads_per_rank} query / "
+        f"attention  {plan.num_layers} layer{'s' * (plan.num_layers != 1)}; "
+        f"per rank {plan.num_heads_per_rank} query / "
         f"{heads_text(plan.num_kv_heads_per_rank, 'KV')} (GQA {gqa}), head size {plan.head_size}; "
         f"{plan.dtype}, {plan.kv_cache_dtype} KV cache, block {plan.block_size}, "
         f"max_model_len {plan.max_model_len}",
