@@ -214,6 +214,37 @@ def test_cuda_graph_padding_rows_do_not_disturb_real_rows(tmp_path, kernels):
     assert torch.all(call_tables[-1][12:] == 0)  # padding rows point at the null block
 
 
+def test_micro_batches_build_on_builders_of_their_own(tmp_path, kernels):
+    """DBO builds every micro-batch of a step before any runs. A builder's lengths
+    buffer serves one metadata at a time, so vLLM must give each micro-batch its own
+    builder: it does (``AttentionGroup.create_metadata_builders`` with one builder per
+    ubatch, picked by ``get_metadata_builder(ubid)``, "so that [...] persistent buffers
+    for cudagraphs [...] won't [conflict] with the other ubatches"). Micro-batch 0 keeps
+    its lengths after micro-batch 1's build, and both decode right."""
+    import inspect
+
+    from vllm.v1.worker import gpu_model_runner
+    from vllm.v1.worker.utils import AttentionGroup
+
+    runner = inspect.getsource(gpu_model_runner.GPUModelRunner)
+    assert "else self.parallel_config.num_ubatches" in runner  # builders per ubatch
+    assert "builder = attn_group.get_metadata_builder(ubid or 0)" in runner
+    model = harness.build_model(tmp_path, num_layers=1)
+    group = AttentionGroup(model.backend, model.names, model.spec, 0)
+    group.create_metadata_builders(model.vllm_config, "cpu", num_metadata_builders=2)
+    halves = [[100, 3, 45] * 6, [7, 60, 1] * 6]  # 18 x 40 heads each: above the cut
+    batches = [harness.make_batch(model, lens, seed=i) for i, lens in enumerate(halves)]
+    metadata = [
+        group.get_metadata_builder(i).build(0, batch.common) for i, batch in enumerate(batches)
+    ]
+    for batch, meta, lens in zip(batches, metadata, halves, strict=True):
+        assert meta.use_asm_decode and meta.seq_lens.tolist() == lens
+        harness.fill_context(model, batch)
+        out = harness.run_layer(model, model.names[0], batch, meta)
+        ref = harness.reference(model, batch, model.layers[model.names[0]])
+        torch.testing.assert_close(out.float(), ref, atol=ATOL, rtol=0)
+
+
 def test_fused_output_quant_calls_stay_on_stock(tmp_path, kernels, monkeypatch):
     model = harness.build_model(tmp_path, num_layers=1)
     batch, metadata = decode(model, [50] * 20)
