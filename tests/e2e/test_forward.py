@@ -231,7 +231,7 @@ def test_micro_batches_build_on_builders_of_their_own(tmp_path, kernels):
     assert "builder = attn_group.get_metadata_builder(ubid or 0)" in runner
     model = harness.build_model(tmp_path, num_layers=1)
     group = AttentionGroup(model.backend, model.names, model.spec, 0)
-    group.create_metadata_builders(model.vllm_config, "cpu", num_metadata_builders=2)
+    group.create_metadata_builders(model.vllm_config, torch.device("cpu"), num_metadata_builders=2)
     halves = [[100, 3, 45] * 6, [7, 60, 1] * 6]  # 18 x 40 heads each: above the cut
     batches = [harness.make_batch(model, lens, seed=i) for i, lens in enumerate(halves)]
     metadata = [
