@@ -418,8 +418,11 @@ def plan_layers(
             f"tokens x {heads_text(num_kv_heads, 'KV')} x {head_size} dims has more elements "
             "than a tensor can index (2^63)"
         )
-    # Llama 4: every layer with RoPE attends in chunks (vLLM's ChunkedLocalAttention).
-    ropes = (getattr(hf, "no_rope_layers", None) or []) if hf_chunk_size(hf) else []
+    # Llama 4 with attention_chunk_size: every layer that applies RoPE (no_rope_layers[i]
+    # 1) attends in chunks (vLLM's ChunkedLocalAttention).
+    chunked = getattr(hf, "attention_chunk_size", None)
+    ropes = (getattr(hf, "no_rope_layers", None) or []) if chunked else []
+    hybrid = HYBRID_MODEL if model_config.is_hybrid else None
     element = torch.uint8 if kv_cache_dtype.startswith("fp8") else model_config.dtype
     groups = torch.empty(
         2, num_blocks, block_size, num_kv_heads * head_size, dtype=element, device="meta"
@@ -447,17 +450,9 @@ def plan_layers(
             attn_type=attn_type,
             sinks=sinks,
         )
-        kept = HYBRID_MODEL if model_config.is_hybrid else None
-        if i < len(ropes) and ropes[i]:  # a layer with RoPE: a chunked one
-            kept = CHUNKED_LOCAL_ATTENTION
+        kept = CHUNKED_LOCAL_ATTENTION if i < len(ropes) and ropes[i] else hybrid
         layers.append(PlanLayer(impl, kv_cache, kept))
     return layers
-
-
-def hf_chunk_size(hf) -> int | None:
-    """Llama 4's ``attention_chunk_size``: set, vLLM builds every layer that applies RoPE
-    (``no_rope_layers[i]`` 1) as chunked local attention."""
-    return getattr(hf, "attention_chunk_size", None)
 
 
 #: The reason of a layer of chunked local attention (Llama 4): vLLM builds it on a
