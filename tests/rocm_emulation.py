@@ -25,7 +25,8 @@ COMPUTE_UNITS = {"gfx942": 304, "gfx950": 256}
 
 class _AiterMetadata(importlib.metadata.Distribution):
     """The ``amd-aiter`` distribution's metadata, as AITER's wheel installs it: its name
-    and version, nothing else."""
+    (``PACKAGE_NAME`` in ROCm/aiter ``setup.py``, HEAD e4048607) and version (its
+    ``use_scm_version``), nothing else."""
 
     def __init__(self, version: str) -> None:
         self._text = f"Metadata-Version: 2.1\nName: amd-aiter\nVersion: {version}\n"

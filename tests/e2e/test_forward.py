@@ -218,9 +218,9 @@ def test_micro_batches_build_on_builders_of_their_own(tmp_path, kernels):
     """DBO builds every micro-batch of a step before any runs. A builder's lengths
     buffer serves one metadata at a time, so vLLM must give each micro-batch its own
     builder: it does (``AttentionGroup.create_metadata_builders`` with one builder per
-    ubatch, picked by ``get_metadata_builder(ubid)``, "so that [...] persistent buffers
-    for cudagraphs [...] won't [conflict] with the other ubatches"). Micro-batch 0 keeps
-    its lengths after micro-batch 1's build, and both decode right."""
+    ubatch, picked by ``get_metadata_builder(ubid)``: its comment there names builders'
+    persistent CUDA-graph buffers as the reason). Micro-batch 0 keeps its lengths after
+    micro-batch 1's build, and both decode right."""
     import inspect
 
     from vllm.v1.worker import gpu_model_runner
