@@ -500,6 +500,15 @@ def test_a_hybrid_model_is_planned_on_its_attention_layers_at_hip(tmp_path, caps
     assert "attention  4 layers; per rank 32 query / 8 KV heads" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("layers", [-3, 0], ids=["negative", "zero"])
+def test_a_bad_decoder_layer_count_is_one_line(tmp_path, capsys, layers):
+    """Whisper's decoder_layers is read after vLLM's import (its num_hidden_layers is the
+    encoder's): -3 ended in an IndexError traceback."""
+    model = model_dir(tmp_path, whisper(1280, decoder_layers=layers))
+    line = one_line_exit_2(["plan", "--model", model], capsys)
+    assert f"vLLM reads {layers!r} attention layers from config.json" in line, line
+
+
 def test_one_layer_is_said_in_the_singular(tmp_path, capsys):
     model = model_dir(tmp_path, DECODER | {"num_hidden_layers": 1})
     assert main(["plan", "--model", model]) == 0

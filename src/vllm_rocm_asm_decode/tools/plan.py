@@ -355,7 +355,8 @@ def plan_layers(
         num_heads, num_kv_heads = _per_rank_heads(model_config, tp)
         num_layers = model_config.get_total_num_hidden_layers()
         if model_config.is_encoder_decoder:  # Whisper: its decoder's self-attention layers
-            num_layers = getattr(hf, "decoder_layers", None) or num_layers
+            decoder = getattr(hf, "decoder_layers", None)
+            num_layers = num_layers if decoder is None else decoder
         if model_config.is_hybrid:  # Jamba, Qwen3-Next: their attention layers alone
             from vllm.config import ParallelConfig
 
@@ -375,6 +376,13 @@ def plan_layers(
         raise PlanError(
             f"--block-size {block_size}: vLLM's ROCM_ATTN takes "
             f"{' or '.join(map(str, takes))}, so it would not serve this model"
+        )
+    if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1:
+        # A decoder_layers of an encoder-decoder, or a hybrid without attention layers:
+        # check_model_config judged num_hidden_layers before vLLM was imported.
+        raise PlanError(
+            f"vLLM reads {num_layers!r} attention layers from config.json; a model it "
+            "serves on ROCM_ATTN has a whole number of at least 1"
         )
     if num_layers > MAX_LAYERS:  # one layer is built per count
         raise PlanError(
