@@ -195,7 +195,7 @@ def test_the_builder_decides_on_host_integers(tmp_path, gfx942):
     """asm for more query heads than 2 x CUs, one token a request; else HIP. A reload
     refills the tables in place; one parting them raises where FULL graphs (the default)
     may hold asm, else sends the parted layer to HIP with one error line."""
-    model = Model(tmp_path, 16, 8, 2, torch.bfloat16, scales=[(1.0, 1.0)] * 2)  # GQA 2
+    model = Model(tmp_path, 16, 8, 3, torch.bfloat16, scales=[(1.0, 1.0)] * 2)  # GQA 2
     n = 2 * current_platform.num_compute_units() // 16  # requests at the cut
     hip = mock.patch.object(rocm_attn, "chunked_prefill_paged_decode")
     for lens in ([1] * n, [1] * n + [0, 2], [1] * (n + 1) + [0], [1] * (n + 1)):
@@ -218,7 +218,7 @@ def test_the_builder_decides_on_host_integers(tmp_path, gfx942):
     model.reload((0.5, 2.0), (0.5, 2.0))
     model.builder.build(0, step)  # refills the tables the graphs hold, in place
     assert (k == model.attn._k_scale).all() and (v == model.attn._v_scale).all()
-    assert k.shape == v.shape == (2, 8, BLOCK) and k.dtype == v.dtype == torch.float
+    assert k.shape == v.shape == (3, 8, BLOCK) and k.dtype == v.dtype == torch.float
     model.reload((0.25, 2.0), (0.5, 2.0))  # layers.0 parts: HIP; layers.1 keeps its K
     graphs = model.config.compilation_config  # vLLM's default: FULL_AND_PIECEWISE
     graphs.cudagraph_mode = cfg.CUDAGraphMode.FULL_AND_PIECEWISE
