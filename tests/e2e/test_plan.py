@@ -555,7 +555,7 @@ def test_vllms_dtype_aliases_are_accepted(capsys):
 #: Configs of real model families (their field names and attention values; sizes cut
 #: down), with what vLLM's model classes do with them: Gemma 2 scales queries by
 #: query_pre_attn_scalar ** -0.5 and soft-caps logits, Granite scales by
-#: attention_multiplier, Bloom uses ALiBi, gpt-oss has attention sinks.
+#: attention_multiplier, Bloom uses ALiBi.
 FAMILIES = {
     "gemma-2-27b": (
         {
@@ -599,25 +599,6 @@ FAMILIES = {
             "n_layer": 4,
         },
         ["ALiBi"],
-    ),
-    "gpt-oss-20b": (
-        {
-            "architectures": ["GptOssForCausalLM"],
-            "model_type": "gpt_oss",
-            "hidden_size": 2880,
-            "head_dim": 64,
-            "num_attention_heads": 64,
-            "num_key_value_heads": 8,
-            "sliding_window": 128,
-            "layer_types": ["sliding_attention", "full_attention"] * 2,
-            "num_local_experts": 4,
-            "num_experts_per_tok": 2,
-        },
-        [
-            "attention sinks",
-            "head size 64",
-            "sliding window",  # 0.125 is 1/sqrt(64): the scale the kernel would apply
-        ],
     ),
 }
 
@@ -837,3 +818,148 @@ def test_a_vllm_that_carries_the_change_is_named_first_in_the_notes(monkeypatch,
         "(vllm.v1.attention.backends.rocm_attn): the plugin stays inactive there"
     )
     assert "off by default there: --attention-config.use_aiter_asm_decode=true turns" in notes[0]
+
+
+#: Compressed-tensors fp8 (weights and activations per tensor) with an fp8 KV cache
+#: scheme, as llm-compressor writes it.
+COMPRESSED_FP8 = {
+    "quant_method": "compressed-tensors",
+    "format": "float-quantized",
+    "config_groups": {
+        "group_0": {
+            "targets": ["Linear"],
+            "weights": {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False},
+            "input_activations": {
+                "num_bits": 8,
+                "type": "float",
+                "strategy": "tensor",
+                "dynamic": False,
+            },
+        }
+    },
+    "ignore": ["lm_head"],
+    "kv_cache_scheme": {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False},
+}
+MODELOPT_FP8 = {"quant_method": "modelopt", "quant_algo": "FP8", "kv_cache_quant_algo": "FP8"}
+#: Models vLLM's ROCm platform serves on another backend, as its
+#: RocmAttentionBackend.validate_configuration says (gpt-oss was planned "HIP: attention
+#: sinks", Gemma 3's 10 global layers of 62 as asm).
+ANOTHER_BACKEND = {
+    "gpt-oss-sinks": (
+        {
+            "architectures": ["GptOssForCausalLM"],
+            "model_type": "gpt_oss",
+            "hidden_size": 2880,
+            "head_dim": 64,
+            "num_attention_heads": 64,
+            "num_key_value_heads": 8,
+            "sliding_window": 128,
+            "layer_types": ["sliding_attention", "full_attention"] * 2,
+            "num_local_experts": 4,
+            "num_experts_per_tok": 2,
+        },
+        "vLLM would not serve gpt_oss on ROCM_ATTN (attention sinks not supported)",
+    ),
+    "gemma3-multimodal-prefix": (
+        {
+            "architectures": ["Gemma3ForConditionalGeneration"],
+            "model_type": "gemma3",
+            "text_config": {
+                "model_type": "gemma3_text",
+                "hidden_size": 2560,
+                "head_dim": 128,
+                "num_attention_heads": 8,
+                "num_key_value_heads": 4,
+                "num_hidden_layers": 6,
+                "intermediate_size": 1024,
+                "vocab_size": 262208,
+                "query_pre_attn_scalar": 128,
+                "sliding_window": 1024,
+                "max_position_embeddings": 32768,
+            },
+            "vision_config": {
+                "model_type": "siglip_vision_model",
+                "hidden_size": 1152,
+                "image_size": 896,
+                "intermediate_size": 4304,
+                "num_attention_heads": 16,
+                "num_hidden_layers": 27,
+                "patch_size": 14,
+            },
+            "mm_tokens_per_image": 256,
+        },
+        "vLLM would not serve gemma3 on ROCM_ATTN (partial multimodal token full attention",
+    ),
+    "per-head-kv-scales": (
+        {
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            "hidden_size": 4096,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 8,
+            "quantization_config": COMPRESSED_FP8
+            | {"kv_cache_scheme": COMPRESSED_FP8["kv_cache_scheme"] | {"strategy": "attn_head"}},
+        },
+        "vLLM would not serve llama on ROCM_ATTN (per-head quant scales not supported)",
+    ),
+}
+LLAMA_BASE = {
+    "num_hidden_layers": 4,
+    "intermediate_size": 1024,
+    "vocab_size": 1000,
+    "max_position_embeddings": 4096,
+    "torch_dtype": "bfloat16",
+}
+
+
+@pytest.mark.parametrize("model", list(ANOTHER_BACKEND), ids=list(ANOTHER_BACKEND))
+def test_a_model_vllm_serves_on_another_backend_is_refused(tmp_path, model, capsys):
+    config, says = ANOTHER_BACKEND[model]
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA_BASE | config))
+    argv = ["plan", "--model", str(tmp_path), "--gpu", "mi300x"]
+    assert_one_line_exit_2(argv, says, capsys)
+    assert_one_line_exit_2(
+        argv, "it picks another backend, so the asm decode does not apply", capsys
+    )
+
+
+@pytest.mark.parametrize(
+    ("quantization", "served"),
+    [(COMPRESSED_FP8, "fp8"), (MODELOPT_FP8, "fp8_e4m3")],
+    ids=["compressed-tensors", "modelopt"],
+)
+def test_kv_cache_dtype_auto_takes_the_checkpoints_fp8_cache_as_vllm_does(
+    tmp_path, quantization, served
+):
+    """--kv-cache-dtype auto on a checkpoint that declares an fp8 KV cache was planned as a
+    bf16 cache ("auto KV cache", every layer HIP); vLLM serves it fp8: ModelOpt's through
+    the engine's resolve_kv_cache_dtype_string, compressed-tensors' through the attention
+    layer. An explicit --kv-cache-dtype wins, as in vLLM."""
+    llama = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": 4096,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+    }
+    config = LLAMA_BASE | llama | {"quantization_config": quantization}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    plan = make_plan(model=str(tmp_path), gpu="mi300x", kv_cache_dtype="auto")
+    assert plan.kv_cache_dtype == served and plan.eligible
+    note = "--kv-cache-dtype auto: the checkpoint's quantization_config declares its KV cache"
+    assert [n for n in plan.notes if n.startswith(note)] == [
+        f"{note}, so vLLM serves it as {served}"
+    ]
+    plan = make_plan(model=str(tmp_path), gpu="mi300x", kv_cache_dtype="bfloat16")
+    assert plan.reasons == ["bfloat16 KV cache"] and not any("declares" in n for n in plan.notes)
+
+
+@pytest.mark.parametrize(
+    ("arch", "capability"),
+    [("gfx942", (9, 4)), ("gfx950", (9, 5)), ("gfx90a", (9, 0)), ("gfx1100", (11, 0)), ("", None)],
+)
+def test_the_compute_capability_is_torchs_on_rocm(arch, capability):
+    from vllm_rocm_asm_decode.tools.plan import device_capability
+
+    found = device_capability(arch)
+    assert (found and (found.major, found.minor)) == capability

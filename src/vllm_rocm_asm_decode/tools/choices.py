@@ -53,8 +53,10 @@ DTYPES = {
 #: Names Hugging Face configs give the attention head count. Without one, transformers
 #: would fill in its class defaults and the plan would describe a model that isn't there.
 HEAD_COUNT_KEYS = ("num_attention_heads", "n_head", "num_heads", "n_heads")
-#: Names encoder-decoder configs (Whisper) give their head counts instead; transformers
-#: maps ``num_attention_heads`` to the encoder's.
+#: Names encoder-decoder configs (Whisper) give their head counts instead (transformers
+#: maps ``num_attention_heads`` to the encoder's): such a config reaches vLLM's reading,
+#: and ``plan`` refuses it there for what it is (vLLM's ROCm platform never picks
+#: ROCM_ATTN for an encoder-decoder model).
 ENCODER_DECODER_HEAD_KEYS = ("decoder_attention_heads", "encoder_attention_heads")
 #: Names Hugging Face configs give the KV head count and the layer count.
 KV_HEAD_COUNT_KEYS = ("num_key_value_heads", "num_kv_heads", "n_head_kv", "multi_query_group_num")

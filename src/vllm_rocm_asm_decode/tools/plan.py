@@ -332,9 +332,21 @@ class PlanLayer:
 
 
 def plan_layers(
-    model_config, *, tp: int, kv_cache_dtype: str, block_size: int, num_blocks: int = 1
+    model_config,
+    *,
+    tp: int,
+    kv_cache_dtype: str,
+    block_size: int,
+    num_blocks: int = 1,
+    arch: str = "gfx950",
+    per_head_scales: bool = False,
 ) -> list[PlanLayer]:
-    """One :class:`PlanLayer` per attention layer, from vLLM's reading of the config."""
+    """One :class:`PlanLayer` per attention layer, from vLLM's reading of the config.
+
+    A model that vLLM's ROCm platform would not serve on ROCM_ATTN at all (MLA, an
+    encoder-decoder, or what ``RocmAttentionBackend.validate_configuration`` refuses for
+    the ``arch`` GPU: attention sinks, multimodal prefix attention, per-head KV scales
+    (``per_head_scales``), ...) is a :class:`PlanError`: vLLM picks another backend."""
     import torch
     from vllm.v1.attention.backend import MultipleOf
     from vllm.v1.attention.backends.rocm_attn import RocmAttentionBackend, RocmAttentionImpl
@@ -350,13 +362,15 @@ def plan_layers(
             f"{hf.model_type} uses multi-head latent attention: vLLM serves it with an MLA "
             "backend, never ROCM_ATTN, so the asm decode does not apply"
         )
+    if model_config.attn_type == "encoder_decoder":  # Whisper, as vLLM's ROCm platform asks
+        raise PlanError(
+            f"{hf.model_type} is an encoder-decoder model: vLLM's ROCm platform leaves "
+            "ROCM_ATTN out of the backends it picks for one, so the asm decode does not apply"
+        )
     try:
         head_size = model_config.get_head_size()
         num_heads, num_kv_heads = _per_rank_heads(model_config, tp)
         num_layers = model_config.get_total_num_hidden_layers()
-        if model_config.is_encoder_decoder:  # Whisper: its decoder's self-attention layers
-            decoder = getattr(hf, "decoder_layers", None)
-            num_layers = num_layers if decoder is None else decoder
         if model_config.is_hybrid:  # Jamba, Qwen3-Next: their attention layers alone
             from vllm.config import ParallelConfig
 
@@ -378,8 +392,8 @@ def plan_layers(
             f"{' or '.join(map(str, takes))}, so it would not serve this model"
         )
     if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1:
-        # A decoder_layers of an encoder-decoder, or a hybrid without attention layers:
-        # check_model_config judged num_hidden_layers before vLLM was imported.
+        # A hybrid without attention layers: check_model_config judged
+        # num_hidden_layers before vLLM was imported.
         raise PlanError(
             f"vLLM reads {num_layers!r} attention layers from config.json; a model it "
             "serves on ROCM_ATTN has a whole number of at least 1"
@@ -417,8 +431,28 @@ def plan_layers(
             "0 (none) or above"
         )
     alibi = bool(getattr(hf, "alibi", False)) or hf.model_type in ("bloom", "mpt")
-    sinks = torch.zeros(num_heads) if hf.model_type == "gpt_oss" else None
+    has_sink = hf.model_type == "gpt_oss"  # every gpt-oss attention layer has sinks
     attn_type = attention_type(model_config)
+    refused = RocmAttentionBackend.validate_configuration(
+        head_size,
+        model_config.dtype,
+        kv_cache_dtype,
+        block_size,
+        use_mla=False,
+        has_sink=has_sink,
+        use_sparse=False,
+        use_mm_prefix=model_config.is_mm_prefix_lm,
+        use_per_head_quant_scales=per_head_scales,
+        device_capability=device_capability(arch),
+        attn_type=attn_type,
+        has_sliding_window=window is not None,
+    )
+    if refused:
+        raise PlanError(
+            f"vLLM would not serve {model_config.hf_config.model_type} on ROCM_ATTN "
+            f"({', '.join(refused)}): it picks another backend, so the asm decode does not "
+            "apply"
+        )
     # ROCM_ATTN's cache as vLLM binds it under its preferred LHBNC layout (dense pages).
     if 2 * num_blocks * block_size * num_kv_heads * head_size >= 2**63:
         raise PlanError(
@@ -456,7 +490,6 @@ def plan_layers(
             kv_cache_dtype,
             logits_soft_cap=soft_cap,
             attn_type=attn_type,
-            sinks=sinks,
         )
         kept = CHUNKED_LOCAL_ATTENTION if i < len(ropes) and ropes[i] else hybrid
         layers.append(PlanLayer(impl, kv_cache, kept))
@@ -475,9 +508,7 @@ def attention_type(model_config) -> Any:
     """The ``AttentionType`` vLLM gives the attention layers ``plan`` models, from its own
     reading of the config: ENCODER_ONLY for what ``ModelConfig.attn_type`` says is
     encoder-only (BERT, RoBERTa, XLM-R: pooling models of bidirectional attention), else
-    DECODER: a decoder's layers, or an encoder-decoder's (Whisper) decoder self-attention
-    layers, the only ones of it that decode on ROCM_ATTN (its encoder runs each prompt
-    once; ROCM_ATTN serves no cross-attention, which vLLM gives another backend)."""
+    DECODER (an encoder-decoder model never reaches it: :func:`plan_layers`)."""
     from vllm.v1.attention.backend import AttentionType
 
     if model_config.attn_type == "encoder_only":
@@ -532,26 +563,60 @@ def table_count(
     return budget.tables, budget.bytes
 
 
-def layers_load_kv_scales(model_config, label: str) -> bool:
-    """Whether vLLM gives this model's attention layers a KV-cache quantization method
-    (every fp8 checkpoint's layers have one), asked of vLLM's own quantization config:
-    the backend then gives each eligible layer tables of its own, whatever the scales
-    (``asm_scale_tables.checkpoint_scales``)."""
+def vllm_quant_config(model_config, label: str) -> Any:
+    """vLLM's own quantization config of the checkpoint (None: not quantized)."""
     if model_config.quantization is None:
-        return False
+        return None
     from vllm.config import LoadConfig, VllmConfig
-    from vllm.model_executor.layers.attention import Attention
-    from vllm.model_executor.layers.quantization.kv_cache import BaseKVCacheMethod
 
     try:
         with _one_voice():
-            quant_config = VllmConfig.get_quantization_config(model_config, LoadConfig())
+            return VllmConfig.get_quantization_config(model_config, LoadConfig())
     except Exception as exc:  # vLLM's own refusal of the checkpoint's quantization
         if broken := _broken_json(Path(model_config.model)):
             raise PlanError(f"vLLM refuses {label}: {broken}") from exc
         raise PlanError(f"vLLM refuses {label}'s quantization: {_what_is_wrong(exc)}") from exc
+
+
+def served_kv_cache_dtype(model_config, kv_cache_dtype: str, quant_config: Any) -> str:
+    """The KV cache dtype vLLM serves with: ``auto`` becomes what the checkpoint declares,
+    ModelOpt's by vLLM's engine (``resolve_kv_cache_dtype_string``), compressed-tensors'
+    ``kv_cache_scheme`` by vLLM's attention layer (fp8); anything else is as given."""
+    from vllm.utils.torch_utils import resolve_kv_cache_dtype_string
+
+    with _one_voice():  # vLLM warns of a kv_cache_quant_algo it does not know
+        served = resolve_kv_cache_dtype_string(kv_cache_dtype, model_config)
+    if served == "auto" and getattr(quant_config, "kv_cache_scheme", None) is not None:
+        return "fp8"
+    return served
+
+
+def per_head_kv_scales(quant_config: Any) -> bool:
+    """Whether vLLM's attention layers ask per-head KV scales (compressed-tensors'
+    ``kv_cache_scheme`` of the ``attn_head`` strategy)."""
+    scheme = getattr(quant_config, "kv_cache_scheme", None)
+    return isinstance(scheme, dict) and scheme.get("strategy") == "attn_head"
+
+
+def device_capability(arch: str) -> Any:
+    """The compute capability torch reports on ROCm for ``arch`` (gfx942: 9.4, gfx950:
+    9.5, gfx90a: 9.0), as vLLM's backend selection is given it; None for an unknown one."""
+    from vllm.platforms.interface import DeviceCapability
+
+    found = re.fullmatch(r"gfx(\d+)([0-9a-f])[0-9a-f]", arch)
+    return DeviceCapability(int(found[1]), int(found[2], 16)) if found else None
+
+
+def layers_load_kv_scales(quant_config: Any) -> bool:
+    """Whether vLLM gives this model's attention layers a KV-cache quantization method
+    (every fp8 checkpoint's layers have one), asked of vLLM's own quantization config
+    (:func:`vllm_quant_config`): the backend then gives each eligible layer tables of its
+    own, whatever the scales (``asm_scale_tables.checkpoint_scales``)."""
     if quant_config is None:
         return False
+    from vllm.model_executor.layers.attention import Attention
+    from vllm.model_executor.layers.quantization.kv_cache import BaseKVCacheMethod
+
     layer = Attention.__new__(Attention)  # what quant configs test with isinstance
     try:
         method = quant_config.get_quant_method(layer, prefix="model.layers.0.self_attn.attn")
@@ -678,12 +743,19 @@ def make_plan(
     check_config(model_dir, dtype)
     the_gpu = resolve_gpu(gpu)
     model_config = _model_config(model_dir, label, dtype, max_model_len)
+    quant_config = vllm_quant_config(model_config, label)
+    asked, kv_cache_dtype = (
+        kv_cache_dtype,
+        served_kv_cache_dtype(model_config, kv_cache_dtype, quant_config),
+    )
     layers = plan_layers(
         model_config,
         tp=tensor_parallel_size,
         kv_cache_dtype=kv_cache_dtype,
         block_size=block_size,
         num_blocks=num_gpu_blocks or 1,
+        arch=the_gpu.arch,
+        per_head_scales=per_head_kv_scales(quant_config),
     )
     if the_gpu.memory_gib is not None:  # without --num-gpu-blocks: one block
         per_block = kv_cache_bytes_per_block(layers)
@@ -753,15 +825,14 @@ def make_plan(
             "VLLM_ROCM_USE_AITER is unset here: planned as the deployment sets it to 1 (the "
             "plugin needs it; unset, AITER and so the asm decode are off)"
         )
+    if kv_cache_dtype != asked:
+        notes.append(
+            f"--kv-cache-dtype {asked}: the checkpoint's quantization_config declares its KV "
+            f"cache, so vLLM serves it as {kv_cache_dtype}"
+        )
     pooling = model_config.runner_type == "pooling"
     if pooling:
         per_layer = [[*r, POOLING_MODEL] for r in per_layer]
-    if model_config.is_encoder_decoder:
-        notes.append(
-            f"an encoder-decoder model: planned are its decoder's {len(layers)} "
-            "self-attention layers; its encoder and cross-attention layers never run "
-            "ROCM_ATTN's decode"
-        )
     if off := switched_off():  # as vLLM would read the environment plan runs in
         per_layer = [[*r, off] for r in per_layer]
     eligible = [not r for r in per_layer]
@@ -850,7 +921,7 @@ def make_plan(
     if cut != default_cut(the_gpu.compute_units):
         notes.append(f"cut {describe_cut(the_gpu.compute_units, settings.cut_source())}")
     tables, table_bytes_per_block = table_count(
-        layers, eligible, scales, layers_load_kv_scales(model_config, label)
+        layers, eligible, scales, layers_load_kv_scales(quant_config)
     )
     return Plan(
         model=label,
