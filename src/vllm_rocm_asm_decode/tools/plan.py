@@ -431,7 +431,7 @@ def plan_layers(
             "0 (none) or above"
         )
     alibi = bool(getattr(hf, "alibi", False)) or hf.model_type in ("bloom", "mpt")
-    has_sink = hf.model_type == "gpt_oss"  # every gpt-oss attention layer has sinks
+    has_sink = attention_sinks(hf)
     attn_type = attention_type(model_config)
     refused = RocmAttentionBackend.validate_configuration(
         head_size,
@@ -450,8 +450,7 @@ def plan_layers(
     if refused:
         raise PlanError(
             f"vLLM would not serve {model_config.hf_config.model_type} on ROCM_ATTN "
-            f"({', '.join(refused)}): it picks another backend, so the asm decode does not "
-            "apply"
+            f"({', '.join(refused)}), so the asm decode does not apply"
         )
     # ROCM_ATTN's cache as vLLM binds it under its preferred LHBNC layout (dense pages).
     if 2 * num_blocks * block_size * num_kv_heads * head_size >= 2**63:
@@ -589,6 +588,57 @@ def served_kv_cache_dtype(model_config, kv_cache_dtype: str, quant_config: Any) 
     if served == "auto" and getattr(quant_config, "kv_cache_scheme", None) is not None:
         return "fp8"
     return served
+
+
+def attention_sinks(hf: Any) -> bool:
+    """Whether vLLM's model class gives the attention layers sinks: every gpt-oss layer;
+    Granite's and GraniteMoE's as vLLM's ``granite_layer_attn_params`` decides (sinks
+    where the config has ``layer_types``, unless ``attention_sinks`` says otherwise)."""
+    if hf.model_type == "gpt_oss":
+        return True
+    if hf.model_type not in ("granite", "granitemoe"):
+        return False
+    from vllm.model_executor.models.granite import granite_layer_attn_params
+
+    try:
+        return bool(granite_layer_attn_params(hf, 0)[2])
+    except Exception as exc:  # vLLM's model would fail on the same config
+        raise PlanError(
+            f"config.json: vLLM's {hf.model_type} model cannot read it: {first_line(exc)}"
+        ) from exc
+
+
+def check_kv_cache_quantization(
+    quant_config: Any, kv_cache_dtype: str, loads_kv_scales: bool, label: str
+) -> None:
+    """What vLLM's attention layer refuses of the checkpoint's KV-cache quantization, as
+    one line: a compressed-tensors ``kv_cache_scheme`` its KV-cache method rejects
+    (``validate_kv_cache_scheme``; not an object: the layer fails reading it), and
+    ``--kv-cache-dtype fp8_e5m2`` where the layers load KV scales (an fp8 checkpoint;
+    not a compressed-tensors one that declares no scheme)."""
+    scheme = getattr(quant_config, "kv_cache_scheme", None)
+    if scheme is not None:
+        from vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors import (
+            CompressedTensorsKVCacheMethod,
+        )
+
+        if not isinstance(scheme, dict):
+            raise PlanError(
+                f"{label}'s kv_cache_scheme is a {type(scheme).__name__}, not an object: "
+                "vLLM's attention layers fail reading it"
+            )
+        try:
+            CompressedTensorsKVCacheMethod.validate_kv_cache_scheme(scheme)
+        except Exception as exc:
+            raise PlanError(
+                f"vLLM refuses {label}'s kv_cache_scheme: {_what_is_wrong(exc)}"
+            ) from exc
+    compressed_without_scheme = scheme is None and hasattr(quant_config, "kv_cache_scheme")
+    if kv_cache_dtype == "fp8_e5m2" and loads_kv_scales and not compressed_without_scheme:
+        raise PlanError(
+            f"--kv-cache-dtype fp8_e5m2: vLLM refuses it with {label}'s quantization "
+            "(fp8_e5m2 kv-cache is not supported with fp8 checkpoints); use fp8"
+        )
 
 
 def per_head_kv_scales(quant_config: Any) -> bool:
@@ -744,10 +794,10 @@ def make_plan(
     the_gpu = resolve_gpu(gpu)
     model_config = _model_config(model_dir, label, dtype, max_model_len)
     quant_config = vllm_quant_config(model_config, label)
-    asked, kv_cache_dtype = (
-        kv_cache_dtype,
-        served_kv_cache_dtype(model_config, kv_cache_dtype, quant_config),
-    )
+    loads_kv_scales = layers_load_kv_scales(quant_config)
+    asked = kv_cache_dtype
+    kv_cache_dtype = served_kv_cache_dtype(model_config, asked, quant_config)
+    check_kv_cache_quantization(quant_config, kv_cache_dtype, loads_kv_scales, label)
     layers = plan_layers(
         model_config,
         tp=tensor_parallel_size,
@@ -920,9 +970,7 @@ def make_plan(
         )
     if cut != default_cut(the_gpu.compute_units):
         notes.append(f"cut {describe_cut(the_gpu.compute_units, settings.cut_source())}")
-    tables, table_bytes_per_block = table_count(
-        layers, eligible, scales, layers_load_kv_scales(quant_config)
-    )
+    tables, table_bytes_per_block = table_count(layers, eligible, scales, loads_kv_scales)
     return Plan(
         model=label,
         gpu=the_gpu.name,
