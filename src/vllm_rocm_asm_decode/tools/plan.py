@@ -346,7 +346,8 @@ def plan_layers(
     A model that vLLM's ROCm platform would not serve on ROCM_ATTN at all (MLA, an
     encoder-decoder, or what ``RocmAttentionBackend.validate_configuration`` refuses for
     the ``arch`` GPU: attention sinks, multimodal prefix attention, per-head KV scales
-    (``per_head_scales``), ...) is a :class:`PlanError`: vLLM picks another backend."""
+    (``per_head_scales``), ...) is a :class:`PlanError`: none of its layers runs
+    ROCM_ATTN's decode."""
     import torch
     from vllm.v1.attention.backend import MultipleOf
     from vllm.v1.attention.backends.rocm_attn import RocmAttentionBackend, RocmAttentionImpl
