@@ -255,9 +255,9 @@ _STAGE_1_BIND = (
     + _STAGE_1_TABLES
     + """\
         log = logger.warning_once if why else logger.info_once
-        why = f"({why})" if why else f"above {self._asm_cut} query heads"
+        when = f"({why})" if why else f"above {self._asm_cut} query heads"
         msg = "ROCM_ATTN: AITER pa_fwd_asm decodes %d of %d layers %s%s"
-        log(msg, len(self._asm_scales), len(self.layer_names), why, denied)
+        log(msg, len(self._asm_scales), len(self.layer_names), when, denied)
 """
 )
 
