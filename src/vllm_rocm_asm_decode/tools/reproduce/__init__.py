@@ -6,10 +6,12 @@ accurate?"):
 
   doctor               stops the run when it fails, with its failing line
   kernel-table         bench kernel at the original shapes (40/8 and 32/8 heads,
-                       contexts 1024 and 4096, 16 or 24 / 64 / 256 sequences), at
-                       AITER's default precision as the original was timed
+                       contexts 1024 and 4096, 16 or 24 / 64 / 256 sequences)
   kernel-skew          one long sequence among 127 short ones (bench kernel --skew)
   kernel-sweep         batch sizes from 1 at 40/8 heads, context 4096: the crossover
+                       (all three kernel steps at AITER's default precision, as the
+                       original was timed; its serving runs found high_precision=2,
+                       the shipped kernel, as fast)
   serve-random         A/B, fresh server per arm, VLLM_ROCM_ASM_DECODE=0 as the
                        baseline: random 1024 in / 1024 out, --ignore-eos, concurrency
                        1/8/16/64/128 with 8/32/64/256/256 prompts, two repeats
