@@ -878,6 +878,28 @@ ANOTHER_BACKEND = {
         },
         "vLLM would not serve granite on ROCM_ATTN (attention sinks not supported)",
     ),
+    "granite-swa": (  # transformers fills its layer_types: sinks on every layer
+        {
+            "architectures": ["GraniteSWAForCausalLM"],
+            "model_type": "granite_swa",
+            "hidden_size": 4096,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 8,
+            "attention_multiplier": 128**-0.5,
+        },
+        "vLLM would not serve granite_swa on ROCM_ATTN (attention sinks not supported)",
+    ),
+    "r-swa": (  # vLLM's selector passes use_rswa from ModelConfig.rswa_window
+        {
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            "hidden_size": 4096,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 8,
+            "rswa_window": 128,
+        },
+        "vLLM would not serve llama on ROCM_ATTN (R-SWA not supported)",
+    ),
     "gemma3-multimodal-prefix": (
         {
             "architectures": ["Gemma3ForConditionalGeneration"],
@@ -1033,3 +1055,45 @@ def test_fp8_e5m2_stays_where_vllm_takes_it(tmp_path):
     granite = ANOTHER_BACKEND["granite-with-layer-types"][0] | {"layer_types": None}
     (tmp_path / "config.json").write_text(json.dumps(LLAMA_BASE | granite))
     assert make_plan(model=str(tmp_path), gpu="mi300x").eligible
+
+
+def test_a_multimodal_prefix_model_serving_text_alone_is_planned(tmp_path, capsys):
+    """vLLM turns multimodal prefix attention off for --language-model-only (the model's
+    text model alone), and then serves Gemma 3 on ROCM_ATTN: the refusal names the flag,
+    and plan takes it as vllm serve does."""
+    config, _ = ANOTHER_BACKEND["gemma3-multimodal-prefix"]
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA_BASE | config))
+    argv = ["plan", "--model", str(tmp_path), "--gpu", "mi300x"]
+    assert_one_line_exit_2(argv, "; with --language-model-only it serves the text model", capsys)
+    plan = make_plan(model=str(tmp_path), gpu="mi300x", language_model_only=True)
+    assert plan.num_layers == 6 and plan.eligible_layers == 1  # the one global layer of six
+    assert main([*argv, "--language-model-only", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["eligible_layers"] == 1
+
+
+def test_structural_refusals_come_before_the_checkpoints_quantization(tmp_path, capsys):
+    """An MLA model with an fp8 checkpoint and --kv-cache-dtype fp8_e5m2 said "use fp8"
+    first; MLA means no option makes ROCM_ATTN apply, which is the line to read."""
+    mla = {
+        "architectures": ["DeepseekV2ForCausalLM"],
+        "model_type": "deepseek_v2",
+        "hidden_size": 1024,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 16,
+        "kv_lora_rank": 512,
+        "q_lora_rank": None,
+        "qk_rope_head_dim": 64,
+        "qk_nope_head_dim": 128,
+        "v_head_dim": 128,
+        "moe_intermediate_size": 256,
+        "quantization_config": {"quant_method": "fp8", "activation_scheme": "dynamic"},
+    }
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA_BASE | mla))
+    argv = ["plan", "--model", str(tmp_path), "--kv-cache-dtype", "fp8_e5m2"]
+    assert_one_line_exit_2(argv, "deepseek_v2 uses multi-head latent attention", capsys)
+
+
+def test_batch_invariance_is_read_as_vllms_selector_reads_it(monkeypatch):
+    monkeypatch.setenv("VLLM_BATCH_INVARIANT", "1")
+    with pytest.raises(PlanError, match=r"\(batch invariance not supported\)"):
+        make_plan(gpu="mi300x")

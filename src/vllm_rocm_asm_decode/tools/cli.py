@@ -200,6 +200,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="vLLM's compilation_config cudagraph_mode (default FULL_AND_PIECEWISE, "
         "vLLM's); under FULL every captured graph holds the HIP decode",
     )
+    plan.add_argument(
+        "--language-model-only",
+        action="store_true",
+        help="as vllm serve takes it: a multimodal model serves its text model alone "
+        "(Gemma 3's then runs on ROCM_ATTN)",
+    )
     plan.add_argument("--json", action="store_true", help="print one JSON object")
 
     doc = _documented_parser(
@@ -672,6 +678,7 @@ def _plan(args: argparse.Namespace) -> int:
                 aiter_version=args.aiter_version,
                 num_gpu_blocks=args.num_gpu_blocks,
                 cudagraph_mode=args.cudagraph_mode,
+                language_model_only=args.language_model_only,
             )
     except (choices.InputError, SettingError) as exc:
         print(f"{PROG} plan: error: {exc}", file=sys.stderr)

@@ -196,7 +196,13 @@ def _one_voice() -> Iterator[None]:
         logging.disable(disabled)
 
 
-def _model_config(model_dir: Path, label: str, dtype: str, max_model_len: int | None):
+def _model_config(
+    model_dir: Path,
+    label: str,
+    dtype: str,
+    max_model_len: int | None,
+    language_model_only: bool = False,
+):
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from vllm.config import ModelConfig
 
@@ -207,6 +213,7 @@ def _model_config(model_dir: Path, label: str, dtype: str, max_model_len: int | 
                 skip_tokenizer_init=True,
                 dtype=dtype,
                 max_model_len=max_model_len,
+                language_model_only=language_model_only,
             )
     except Exception as exc:  # vLLM's own validation errors, unreadable configs
         if _in_dtype_fallback(exc):
@@ -331,27 +338,10 @@ class PlanLayer:
         return 2 * kv_page_bytes(self.impl, self.kv_cache)
 
 
-def plan_layers(
-    model_config,
-    *,
-    tp: int,
-    kv_cache_dtype: str,
-    block_size: int,
-    num_blocks: int = 1,
-    arch: str = "gfx950",
-    per_head_scales: bool = False,
-) -> list[PlanLayer]:
-    """One :class:`PlanLayer` per attention layer, from vLLM's reading of the config.
-
-    A model that vLLM's ROCm platform would not serve on ROCM_ATTN at all (MLA, an
-    encoder-decoder, or what ``RocmAttentionBackend.validate_configuration`` refuses for
-    the ``arch`` GPU: attention sinks, multimodal prefix attention, per-head KV scales
-    (``per_head_scales``), ...) is a :class:`PlanError`: none of its layers runs
-    ROCM_ATTN's decode."""
-    import torch
-    from vllm.v1.attention.backend import MultipleOf
-    from vllm.v1.attention.backends.rocm_attn import RocmAttentionBackend, RocmAttentionImpl
-
+def check_attention_kind(model_config) -> None:
+    """A model none of whose layers vLLM's ROCm platform would run on ROCM_ATTN whatever
+    the options (attention-free, multi-head latent attention, an encoder-decoder), as one
+    line; judged before anything of the checkpoint's quantization."""
     hf = model_config.hf_text_config
     if model_config.is_attention_free:  # vLLM's registry: Mamba, Mamba2, RWKV-style models
         raise PlanError(
@@ -368,6 +358,32 @@ def plan_layers(
             f"{hf.model_type} is an encoder-decoder model: vLLM's ROCm platform leaves "
             "ROCM_ATTN out of the backends it picks for one, so the asm decode does not apply"
         )
+
+
+def plan_layers(
+    model_config,
+    *,
+    tp: int,
+    kv_cache_dtype: str,
+    block_size: int,
+    num_blocks: int = 1,
+    arch: str = "gfx950",
+    per_head_scales: bool = False,
+) -> list[PlanLayer]:
+    """One :class:`PlanLayer` per attention layer, from vLLM's reading of the config.
+
+    A model that vLLM's ROCm platform would not serve on ROCM_ATTN at all is a
+    :class:`PlanError` (none of its layers runs ROCM_ATTN's decode): what
+    :func:`check_attention_kind` refuses, which the caller asks first, and what
+    ``RocmAttentionBackend.validate_configuration`` refuses for the ``arch`` GPU
+    (attention sinks, multimodal prefix attention, per-head KV scales
+    (``per_head_scales``), R-SWA, batch invariance, ...)."""
+    import torch
+    from vllm import envs
+    from vllm.v1.attention.backend import MultipleOf
+    from vllm.v1.attention.backends.rocm_attn import RocmAttentionBackend, RocmAttentionImpl
+
+    hf = model_config.hf_text_config
     try:
         head_size = model_config.get_head_size()
         num_heads, num_kv_heads = _per_rank_heads(model_config, tp)
@@ -447,11 +463,16 @@ def plan_layers(
         device_capability=device_capability(arch),
         attn_type=attn_type,
         has_sliding_window=window is not None,
+        use_batch_invariant=envs.VLLM_BATCH_INVARIANT,
+        use_rswa=model_config.rswa_window is not None,
     )
     if refused:
+        text_only = ""
+        if model_config.is_mm_prefix_lm:  # vLLM turns it off when it serves text alone
+            text_only = "; with --language-model-only it serves the text model on it"
         raise PlanError(
             f"vLLM would not serve {model_config.hf_config.model_type} on ROCM_ATTN "
-            f"({', '.join(refused)}), so the asm decode does not apply"
+            f"({', '.join(refused)}), so the asm decode does not apply{text_only}"
         )
     # ROCM_ATTN's cache as vLLM binds it under its preferred LHBNC layout (dense pages).
     if 2 * num_blocks * block_size * num_kv_heads * head_size >= 2**63:
@@ -591,13 +612,26 @@ def served_kv_cache_dtype(model_config, kv_cache_dtype: str, quant_config: Any) 
     return served
 
 
+#: Text model types whose vLLM classes (granite.py, granitemoe.py, granitemoeshared.py,
+#: also inside Granite's vision and speech models) take their sinks from vLLM's
+#: ``granite_layer_attn_params``.
+GRANITE_SINK_MODEL_TYPES = (
+    "granite",
+    "granite_swa",
+    "granitemoe",
+    "granitemoe_swa",
+    "granitemoeshared",
+)
+
+
 def attention_sinks(hf: Any) -> bool:
     """Whether vLLM's model class gives the attention layers sinks: every gpt-oss layer;
-    Granite's and GraniteMoE's as vLLM's ``granite_layer_attn_params`` decides (sinks
-    where the config has ``layer_types``, unless ``attention_sinks`` says otherwise)."""
+    Granite's as vLLM's ``granite_layer_attn_params`` decides (sinks where the config has
+    ``layer_types``, as every SWA Granite's has, unless ``attention_sinks`` says
+    otherwise)."""
     if hf.model_type == "gpt_oss":
         return True
-    if hf.model_type not in ("granite", "granitemoe"):
+    if hf.model_type not in GRANITE_SINK_MODEL_TYPES:
         return False
     from vllm.model_executor.models.granite import granite_layer_attn_params
 
@@ -787,13 +821,15 @@ def make_plan(
     aiter_version: str | None = "installed",
     num_gpu_blocks: int | None = None,
     cudagraph_mode: str = "FULL_AND_PIECEWISE",
+    language_model_only: bool = False,
 ) -> Plan:
     """The plan; ``aiter_version="installed"`` reads the installed AITER's (None: unknown)."""
     check_model_path(model)
     model_dir, label = resolve_model_dir(model)
     check_config(model_dir, dtype)
     the_gpu = resolve_gpu(gpu)
-    model_config = _model_config(model_dir, label, dtype, max_model_len)
+    model_config = _model_config(model_dir, label, dtype, max_model_len, language_model_only)
+    check_attention_kind(model_config)
     quant_config = vllm_quant_config(model_config, label)
     loads_kv_scales = layers_load_kv_scales(quant_config)
     asked = kv_cache_dtype
