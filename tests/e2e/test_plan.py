@@ -1067,8 +1067,11 @@ def test_a_multimodal_prefix_model_serving_text_alone_is_planned(tmp_path, capsy
     assert_one_line_exit_2(argv, "; with --language-model-only it serves the text model", capsys)
     plan = make_plan(model=str(tmp_path), gpu="mi300x", language_model_only=True)
     assert plan.num_layers == 6 and plan.eligible_layers == 1  # the one global layer of six
+    assert [n for n in plan.notes if n.startswith("--language-model-only: planned is")]
     assert main([*argv, "--language-model-only", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["eligible_layers"] == 1
+    text_only = make_plan(gpu="mi300x", language_model_only=True)  # a text model: no note
+    assert not [n for n in text_only.notes if "language-model-only" in n]
 
 
 def test_structural_refusals_come_before_the_checkpoints_quantization(tmp_path, capsys):

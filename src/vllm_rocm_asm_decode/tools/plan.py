@@ -912,6 +912,11 @@ def make_plan(
             "VLLM_ROCM_USE_AITER is unset here: planned as the deployment sets it to 1 (the "
             "plugin needs it; unset, AITER and so the asm decode are off)"
         )
+    if language_model_only and model_config.is_multimodal_model:
+        notes.append(
+            "--language-model-only: planned is the text model alone, as vLLM serves it "
+            "then (no image or other inputs, no multimodal prefix attention)"
+        )
     if kv_cache_dtype != asked:
         notes.append(
             f"--kv-cache-dtype {asked}: the checkpoint's quantization_config declares its KV "
