@@ -394,6 +394,10 @@ CASES = {
         ["check", "passkey", "--model", "m", "--jsn", "x"],
         "vllm-rocm-asm-decode check passkey: error: unrecognized arguments: --jsn x",
     ),
+    "model-without-model": (  # as vllm serve takes it
+        ["plan", "--gpu", "mi300x", "/models/my llama"],
+        "unrecognized arguments: /models/my llama (name the model with --model '/models/my llama')",
+    ),
     "serve-arg-with-its-value-apart": (
         ["bench", "serve", "--model", "m", "--serve-arg", "--max-num-seqs", "64"],
         "unrecognized arguments: 64 (--serve-arg takes one word: "
@@ -434,6 +438,13 @@ def test_bad_input_is_one_line_and_exit_2(case, capsys):
     assert err.endswith("\n") and "\x1b" not in err, err
     err = err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err
+
+
+@pytest.mark.parametrize("given", ["--model=m", "--model m"], ids=["equals", "apart"])
+def test_a_stray_word_beside_a_named_model_gets_no_model_advice(given, capsys):
+    assert run(["check", "passkey", *given.split(), "extra"]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.endswith("check passkey: error: unrecognized arguments: extra"), line
 
 
 MODEL_PATHS = {  # each a path the user meant, not a Hugging Face id to download

@@ -26,6 +26,7 @@ import json
 import logging
 import os
 import re
+import shlex
 import signal
 import sys
 import threading
@@ -892,9 +893,10 @@ def _glue_serve_args(argv: list[str]) -> list[str]:
     return out
 
 
-def _serve_arg_hint(argv: list[str], stray: str) -> str:
-    """Advice where the stray word follows a ``--serve-arg``, which takes one word
-    (``--serve-arg --max-num-seqs 64``); else nothing."""
+def _stray_hint(argv: list[str], args: argparse.Namespace, stray: str) -> str:
+    """Advice for a stray word: one after a ``--serve-arg``, which takes one word
+    (``--serve-arg --max-num-seqs 64``), or a model named as ``vllm serve`` takes it,
+    without ``--model``; else nothing."""
     for before, word in itertools.pairwise(argv):
         if word == stray and before.startswith("--serve-arg="):
             option = before.split("=", 1)[1]
@@ -902,6 +904,9 @@ def _serve_arg_hint(argv: list[str], stray: str) -> str:
                 f" (--serve-arg takes one word: --serve-arg={option}={stray}, or "
                 f"--serve-arg {option} --serve-arg {stray})"
             )
+    named = any(arg.split("=")[0] == "--model" for arg in argv)
+    if hasattr(args, "model") and not named and not stray.startswith("-"):
+        return f" (name the model with --model {shlex.quote(stray)})"
     return ""
 
 
@@ -1192,7 +1197,7 @@ def _main(argv: list[str] | None) -> int:
         parser.error(f"unrecognized arguments: {argv[0]} (give a command first; see --help)")
     args, extra = parser.parse_known_args(argv)
     if extra:  # said by the subcommand's parser, so the line names the subcommand
-        said = f"unrecognized arguments: {' '.join(extra)}{_serve_arg_hint(argv, extra[0])}"
+        said = f"unrecognized arguments: {' '.join(extra)}{_stray_hint(argv, args, extra[0])}"
         _leaf_parser(parser, args).error(said)
     name = _name(args)
     _running[:] = name.split()
