@@ -1589,6 +1589,22 @@ def test_a_checkpoint_json_vllm_cannot_parse_is_named(tmp_path, capsys):
     assert f"vLLM refuses {tmp_path}: its hf_quant_config.json is not JSON (Expecting" in err
 
 
+def test_a_multimodal_config_without_its_processor_files_names_the_file(tmp_path, capsys):
+    """vLLM reads a multimodal model's processor (Llama 3.2 Vision: Transformers'
+    backend) while it builds the ModelConfig: a directory with config.json alone is
+    refused with the file it lacks, not Transformers' download advice."""
+    text = dict(model_type="mllama_text_model", num_attention_heads=32, hidden_size=4096)
+    text |= dict(num_key_value_heads=8, num_hidden_layers=40, cross_attention_layers=[3])
+    config = dict(model_type="mllama", architectures=["MllamaForConditionalGeneration"])
+    config |= dict(text_config=text, vision_config=dict(model_type="mllama_vision_model"))
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    err = _one_line_exit_2(["plan", "--model", str(tmp_path)], capsys)
+    assert err.endswith(
+        f"vLLM refuses {tmp_path}: Transformers can't load its image processor: no "
+        "preprocessor_config.json beside its config.json\n"
+    ), err
+
+
 @pytest.mark.parametrize("kind", ["fifo", "directory"])
 def test_a_config_json_that_is_no_file_is_one_line(tmp_path, capsys, kind):
     """A FIFO would block plan for ever; a directory is named once, not twice."""

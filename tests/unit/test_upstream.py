@@ -823,7 +823,7 @@ def test_the_pull_request_texts_are_short_shipped_and_in_the_docs(stage):
             "output_scale",
             "two at least",
             "gqa8",
-            "**Tests** (23, ROCm only; 6 need no GPU)",
+            "**Tests** (24, ROCm only; 7 need no GPU)",
             "one per DBO micro-batch",
             "17 GPU tests",
         )

@@ -300,8 +300,15 @@ def _what_is_wrong(exc: BaseException) -> str:
         # Transformers reads rope_scaling into rope_parameters.
         alias = " (rope_scaling)" if field_name == "rope_parameters" else ""
         return f"config.json field {field_name!r}{alias}: {cause}"
+    if lines and (missing := _CANT_LOAD.match(lines[0])):  # a multimodal model's files
+        what, file = missing.groups()
+        return f"Transformers can't load its {what}: no {file} beside its config.json"
     meaningful = [line for line in lines if "validation error" not in line]
     return (meaningful or lines or [type(exc).__name__])[0]
+
+
+#: Transformers' error for a processor file a directory lacks: what, and which file.
+_CANT_LOAD = re.compile(r"Can't load ([\w ]+?) for '.*directory containing an? (\S+) file$")
 
 
 def _per_rank_heads(model_config, tp: int) -> tuple[int, int]:

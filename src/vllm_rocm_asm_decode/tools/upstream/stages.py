@@ -299,7 +299,7 @@ _BUILD_DECIDE = """\
         use_asm = bool(self._asm_scales) and max_query_len == 1  # a pure-decode step
         use_asm &= common_attn_metadata.num_reqs == num_actual_tokens  # one token each
         use_asm &= num_actual_tokens * self.num_heads_q > self._asm_cut  # above the cut
-        if use_asm:  # a graph's padding rows have length 0, which pa_fwd_asm writes NaN
+        if use_asm:  # padding rows have length 0, which pa_fwd_asm may write as NaN
             seq_lens = torch.clamp(seq_lens, 1, out=self._asm_seq_lens[: len(seq_lens)])
 """
 

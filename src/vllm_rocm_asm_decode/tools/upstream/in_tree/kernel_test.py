@@ -2,9 +2,7 @@
 
 import importlib.metadata
 import json
-import sys
 from dataclasses import replace
-from types import SimpleNamespace
 from unittest import mock
 
 import pytest
@@ -38,7 +36,7 @@ except (ImportError, InvalidVersion):
 requires_asm = pytest.mark.skipif(not ASM, reason="needs AITER 0.1.17+, gfx942/gfx950")
 pytestmark = pytest.mark.skipif(not current_platform.is_rocm(), reason="ROCm only")
 DEVICE = "cuda" if ASM else "cpu"  # the builder's host-side tests run anywhere
-STEP = None  # a step's device tensors: on DEVICE, or on "meta" where no test reads them
+AITER = {"amd-aiter": "0.1.17"}  # the version the host tests' builders read
 
 
 @pytest.fixture(autouse=True)
@@ -51,19 +49,11 @@ def _aiter_on_seeded(monkeypatch):
 @pytest.fixture
 def gfx942(monkeypatch):
     """Stubs of what the builder reads of the GPU and AITER: gfx942, AITER 0.1.17."""
-    rocm = sys.modules.get("vllm.platforms.rocm", SimpleNamespace())  # imports on ROCm
-    monkeypatch.setitem(sys.modules, "vllm.platforms.rocm", rocm)
-    monkeypatch.setattr(rocm, "on_mi3xx", lambda: True, raising=False)
-    version, real = SimpleNamespace(__version__="0.1.17"), importlib.metadata.version
-    monkeypatch.setattr(  # AITER's metadata (AITER itself is not imported)
-        importlib.metadata,
-        "version",
-        lambda name: version.__version__ if name == "amd-aiter" else real(name),
-    )
+    monkeypatch.setattr("vllm.platforms.rocm.on_mi3xx", lambda: True)
+    real = importlib.metadata.version  # AITER's metadata (AITER itself is not imported)
+    monkeypatch.setattr("importlib.metadata.version", lambda x: AITER.get(x) or real(x))
     monkeypatch.setattr(current_platform, "num_compute_units", lambda i=0: 304)
     monkeypatch.setattr(rocm_aiter_ops, "is_mha_enabled", lambda: True)
-    monkeypatch.setitem(globals(), "STEP", "meta")  # build() reads no GPU value
-    return version
 
 
 def llama(path, heads=40, kvh=8, **kw):
@@ -123,7 +113,7 @@ class Model(torch.nn.Module):
         return out
 
 
-def common(seq_lens, pages, query_lens=None):  # by default one query token a request
+def common(seq_lens, pages, query_lens=None, on=DEVICE):  # one query token a request
     n, query_lens = len(seq_lens), query_lens or [1] * len(seq_lens)
     start = torch.tensor([0, *query_lens]).cumsum(0).to(torch.int32)
     lens, width = torch.tensor(seq_lens, dtype=torch.int32), max(map(len, pages))
@@ -131,7 +121,7 @@ def common(seq_lens, pages, query_lens=None):  # by default one query token a re
     # On the device, copies: a capture zeroes query_start_loc and fills seq_lens with 1.
     gpu = dict(query_start_loc=start, block_table_tensor=table)
     gpu |= dict(slot_mapping=torch.full((sum(query_lens),), -1))  # no KV written
-    gpu = {name: x.to(STEP or DEVICE, copy=True) for name, x in gpu.items()}
+    gpu = {name: x.to(on, copy=True) for name, x in gpu.items()}  # "meta": none read
     gpu |= dict(seq_lens=lens.to(DEVICE, copy=True))  # an asm step's build() clamps it
     host = dict(query_start_loc_cpu=start, seq_lens_cpu_upper_bound=lens, num_reqs=n)
     host |= dict(num_actual_tokens=sum(query_lens), max_query_len=max(query_lens))
@@ -192,29 +182,38 @@ def test_pages_over_4_gib_apart_read_as_adjacent_ones(tmp_path):
 
 
 def test_the_builder_decides_on_host_integers(tmp_path, gfx942):
-    """asm for more query heads than 2 x CUs, one token a request; else HIP. A reload
-    refills the tables in place; one parting them raises where FULL graphs (the default)
-    may hold asm, else sends the parted layer to HIP with one error line."""
-    model = Model(tmp_path, 16, 8, 3, torch.bfloat16, scales=[(1.0, 1.0)] * 2)  # GQA 2
+    """asm for more query heads than 2 x CUs, one token a request, no output quant; else
+    HIP. A FULL graph's padding rows get length 1, in the buffer the graphs hold."""
+    model = Model(tmp_path, 16, 8, 3, torch.bfloat16)  # GQA 2
     n = 2 * current_platform.num_compute_units() // 16  # requests at the cut
     hip = mock.patch.object(rocm_attn, "chunked_prefill_paged_decode")
     for lens in ([1] * n, [1] * n + [0, 2], [1] * (n + 1) + [0], [1] * (n + 1)):
-        step = common([16] * len(lens), [[1]] * len(lens), lens)
+        step = common([16] * len(lens), [[1, 2]] * len(lens), lens, on="meta")
         metadata, asm = model.builder.build(0, step), lens == [1] * (n + 1)
         with hip as stock, mock.patch.object(rocm_aiter_ops, "pa_fwd_asm") as pa:
             model.run(torch.zeros(sum(lens), 16, HEAD, device=DEVICE), metadata)
-        assert metadata.use_asm_decode is pa.called is asm is not stock.called
+        assert (metadata.use_asm_decode, pa.called, stock.called) == (asm, asm, not asm)
     k, v = model.builder.build_for_cudagraph_capture(step).asm_scales[model.attn]
     kw = pa.call_args.kwargs  # the layer's own tables, the ultra-precision kernel
     assert kw["K_QScale"] is k and kw["V_QScale"] is v and kw["high_precision"] == 2
-    pad = common([16] * (n + 1) + [0], [[1]] * (n + 2))  # a FULL graph's padding row
+    assert kw["block_tables_stride0"] == 2 and kw["V"].shape == (3, 8, 1, HEAD, BLOCK)
+    assert kw["Q"].shape == kw["out_"].shape == (len(kw["context_lens"]), 16, HEAD)
+    pad = common([16] * (n + 1) + [0], [[1]] * (n + 2), on="meta")  # a padding row
     ptr = model.builder.build(0, step).seq_lens.data_ptr()  # graphs read these lengths
     lens = model.builder.build(0, pad).seq_lens  # refilled in place, floored at 1:
     assert lens.data_ptr() == ptr and lens.tolist() == [16] * (n + 1) + [1]  # 0: NaN
-    query = torch.zeros(n + 1, 16, HEAD, device=DEVICE)  # the asm step's
     with hip as stock, mock.patch.object(rocm_aiter_ops, "pa_fwd_asm") as pa:
-        model.run(query, metadata, scale=torch.ones(()))  # an output quant fused in
+        model.run(kw["Q"], metadata, scale=torch.ones(()))  # an output quant fused in
     assert stock.called and not pa.called
+
+
+def test_a_reload_refills_the_tables_or_sends_parted_layers_to_hip(tmp_path, gfx942):
+    """A reload refills the graphs' tables in place; one parting layers that share a
+    table raises under FULL graphs (the default), else logs one error: they run HIP."""
+    model = Model(tmp_path, 16, 8, 3, torch.bfloat16, scales=[(1.0, 1.0)] * 2)
+    n = 2 * current_platform.num_compute_units() // 16 + 1  # requests above the cut
+    step = common([16] * n, [[1]] * n, on="meta")
+    k, v = model.builder.build_for_cudagraph_capture(step).asm_scales[model.attn]
     model.reload((0.5, 2.0), (0.5, 2.0))
     model.builder.build(0, step)  # refills the tables the graphs hold, in place
     assert (k == model.attn._k_scale).all() and (v == model.attn._v_scale).all()
@@ -230,8 +229,9 @@ def test_the_builder_decides_on_host_integers(tmp_path, gfx942):
     [(layer, (k, v))] = metadata.asm_scales.items()
     assert layer is model.layers[1] and (k == layer._k_scale).all()
     assert error.call_count == 1 and "layers.0 left" in str(error.call_args)
+    hip = mock.patch.object(rocm_attn, "chunked_prefill_paged_decode")
     with hip as stock, mock.patch.object(rocm_aiter_ops, "pa_fwd_asm") as pa:
-        model.run(query, metadata)  # layers.0
+        model.run(torch.zeros(n, 16, HEAD, device=DEVICE), metadata)  # layers.0
     assert metadata.use_asm_decode and stock.called and not pa.called
 
 
@@ -240,13 +240,13 @@ def test_what_keeps_every_layer_on_hip(tmp_path, gfx942):
     derived builder, a rejected layer, max_num_seqs at the cut, a fifth scale table."""
     model = Model(tmp_path, 16, 8, 2, torch.bfloat16, [(1.0, 1.0), (2.0, 4.0)] * 2)
     n, builder = 2 * current_platform.num_compute_units() // 16, type(model.builder)
-    step = common([16] * (n + 1), [[1]] * (n + 1))  # above the cut
+    step = common([16] * (n + 1), [[1]] * (n + 1), on="meta")  # above the cut
     tables = model.builder.build(0, step).asm_scales.values()  # four, at their scales
     for layer, (k, v) in zip(model.layers, tables, strict=True):
         assert (k == layer._k_scale).all() and (v == layer._v_scale).all()
     gates = [mock.patch.object(model.config, "attention_config", cfg.AttentionConfig())]
     gates += [mock.patch.object(rocm_aiter_ops, "is_mha_enabled", lambda: None)]
-    gates += [mock.patch.object(gfx942, "__version__", v) for v in ("0.1.16", "dev")]
+    gates += [mock.patch.dict(AITER, {"amd-aiter": v}) for v in ("0.1.16", "dev")]
     gates += [mock.patch("vllm.platforms.rocm.on_mi3xx", lambda: False)]  # the rule: no
     for gate in gates:  # switch off, AITER off, block ids >= 65536, not PEP 440, gfx
         with gate:
