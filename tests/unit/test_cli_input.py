@@ -627,6 +627,35 @@ def test_help_shows_no_docstring_markup(argv, capsys):
     assert done.value.code == 0 and "``" not in out and len(out.splitlines()) > 5
 
 
+DOCS = {  # where each command's options are documented (README: "Where the details are")
+    "plan": "usage.md",
+    "doctor": "usage.md",
+    "upstream": "upstream.md",
+    "bench": "validation.md",
+    "check": "validation.md",
+    "reproduce": "validation.md",
+}
+
+
+def test_every_option_of_every_command_is_in_its_doc():
+    """(trial 22) --help and the docs name the same options: bench kernel --iters,
+    check passkey --seed and reproduce --gpu-tools were in --help alone."""
+    docs = Path(__file__).parents[2] / "docs"
+    missing = []
+    for command, sub in cli.build_parser()._subparsers._group_actions[0].choices.items():
+        text = (docs / DOCS[command]).read_text(encoding="utf-8")
+        leaves = [sub]
+        if sub._subparsers is not None:  # bench kernel, check passkey, ...
+            leaves = list(sub._subparsers._group_actions[0].choices.values())
+        for leaf in leaves:
+            for action in leaf._actions:
+                for option in action.option_strings:
+                    if option.startswith("--") and option != "--help":
+                        if not re.search(rf"(?<![\w-]){re.escape(option)}\b", text):
+                            missing.append(f"{leaf.prog.split(' ', 1)[1]} {option}")
+    assert not missing, missing
+
+
 DOCSTRINGS = {  # module sources whose first statement is or is not a plain docstring
     "comment-first": '# c\n"""doc\n   more"""\nimport os\n',
     "then-code": '"doc"; x = 1\n',
@@ -1600,9 +1629,40 @@ def test_a_multimodal_config_without_its_processor_files_names_the_file(tmp_path
     (tmp_path / "config.json").write_text(json.dumps(config))
     err = _one_line_exit_2(["plan", "--model", str(tmp_path)], capsys)
     assert err.endswith(
-        f"vLLM refuses {tmp_path}: Transformers can't load its image processor: no "
-        "preprocessor_config.json beside its config.json\n"
+        f"{tmp_path} is a multimodal model whose processor vLLM reads to configure it, and "
+        "Transformers cannot load it (no preprocessor_config.json): put the checkpoint's "
+        "processor and tokenizer files beside its config.json\n"
     ), err
+    (tmp_path / "preprocessor_config.json").write_text('{"processor_class": "MllamaProcessor"}')
+    err = _one_line_exit_2(["plan", "--model", str(tmp_path)], capsys)  # no tokenizer
+    assert "Transformers cannot load it (Failed to load the processor): put the" in err
+
+
+PHI3_V_CONFIG = """
+from transformers import PretrainedConfig
+
+
+class Phi3VConfig(PretrainedConfig):  # the checkpoint's own code, as auto_map names it
+    model_type = "phi3_v"
+"""
+
+
+def test_a_model_of_remote_code_is_read_with_trust_remote_code(tmp_path, capsys):
+    """vLLM serves Phi-3-vision with --trust-remote-code: plan takes it too, and says
+    to give it where a checkpoint's auto_map needs it (not Transformers' advice)."""
+    config = dict(model_type="phi3_v", architectures=["Phi3VForCausalLM"])
+    config |= dict(auto_map={"AutoConfig": "configuration_phi3_v.Phi3VConfig"})
+    config |= dict(num_attention_heads=32, num_key_value_heads=32, num_hidden_layers=32)
+    config |= dict(hidden_size=3072, max_position_embeddings=4096, vocab_size=32064)
+    (tmp_path / "config.json").write_text(json.dumps(config | dict(torch_dtype="bfloat16")))
+    (tmp_path / "configuration_phi3_v.py").write_text(PHI3_V_CONFIG)
+    err = _one_line_exit_2(["plan", "--model", str(tmp_path)], capsys)
+    assert err.endswith(
+        f"plan: error: {tmp_path} needs its own Python code to be read (config.json's "
+        "auto_map): give --trust-remote-code to run it, as vllm serve takes it\n"
+    ), err
+    assert main(["plan", "--model", str(tmp_path), "--trust-remote-code"]) == 0
+    assert "layers 0-31: HIP: head size 96\n" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("kind", ["fifo", "directory"])

@@ -207,6 +207,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="as vllm serve takes it: a multimodal model serves its text model alone "
         "(Gemma 3's then runs on ROCM_ATTN)",
     )
+    plan.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="as vllm serve takes it: run the checkpoint's own Python code (its "
+        "config.json's auto_map), which some models need to be read",
+    )
     plan.add_argument("--json", action="store_true", help="print one JSON object")
 
     doc = _documented_parser(
@@ -680,6 +686,7 @@ def _plan(args: argparse.Namespace) -> int:
                 num_gpu_blocks=args.num_gpu_blocks,
                 cudagraph_mode=args.cudagraph_mode,
                 language_model_only=args.language_model_only,
+                trust_remote_code=args.trust_remote_code,
             )
     except (choices.InputError, SettingError) as exc:
         print(f"{PROG} plan: error: {exc}", file=sys.stderr)

@@ -202,6 +202,7 @@ def _model_config(
     dtype: str,
     max_model_len: int | None,
     language_model_only: bool = False,
+    trust_remote_code: bool = False,
 ):
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from vllm.config import ModelConfig
@@ -214,6 +215,7 @@ def _model_config(
                 dtype=dtype,
                 max_model_len=max_model_len,
                 language_model_only=language_model_only,
+                trust_remote_code=trust_remote_code,
             )
     except Exception as exc:  # vLLM's own validation errors, unreadable configs
         if _in_dtype_fallback(exc):
@@ -224,6 +226,17 @@ def _model_config(
             ) from exc
         if broken := _broken_json(model_dir):
             raise PlanError(f"vLLM refuses {label}: {broken}") from exc
+        if not trust_remote_code and "contains custom code which must be executed" in str(exc):
+            raise PlanError(
+                f"{label} needs its own Python code to be read (config.json's auto_map): "
+                "give --trust-remote-code to run it, as vllm serve takes it"
+            ) from exc
+        if missing := _processor_missing(exc):
+            raise PlanError(
+                f"{label} is a multimodal model whose processor vLLM reads to configure "
+                f"it, and Transformers cannot load it ({missing}): put the checkpoint's "
+                "processor and tokenizer files beside its config.json"
+            ) from exc
         longest = _LONGER_THAN_THE_MODEL.search(str(exc))
         if max_model_len is not None and longest:
             raise PlanError(
@@ -300,15 +313,26 @@ def _what_is_wrong(exc: BaseException) -> str:
         # Transformers reads rope_scaling into rope_parameters.
         alias = " (rope_scaling)" if field_name == "rope_parameters" else ""
         return f"config.json field {field_name!r}{alias}: {cause}"
-    if lines and (missing := _CANT_LOAD.match(lines[0])):  # a multimodal model's files
-        what, file = missing.groups()
-        return f"Transformers can't load its {what}: no {file} beside its config.json"
     meaningful = [line for line in lines if "validation error" not in line]
-    return (meaningful or lines or [type(exc).__name__])[0]
+    first = (meaningful or lines or [type(exc).__name__])[0]
+    return first.split(". Checkout 'https://huggingface.co/")[0]  # a Hub page, offline
 
 
-#: Transformers' error for a processor file a directory lacks: what, and which file.
-_CANT_LOAD = re.compile(r"Can't load ([\w ]+?) for '.*directory containing an? (\S+) file$")
+#: Transformers' error for a processor file a directory lacks: which file.
+_NO_PROCESSOR_FILE = re.compile(r"Can't load .* directory containing an? (\S+) file$")
+
+
+def _processor_missing(exc: BaseException) -> str | None:
+    """What vLLM could not load of a multimodal model's processor while it built the
+    ModelConfig (it reads the processor of a model served by Transformers' backend),
+    said briefly; None where the error came from elsewhere."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not any(frame.name == "get_hf_processor" for frame in frames):
+        return None
+    said = " ".join(str(exc).split())
+    if missing := _NO_PROCESSOR_FILE.search(said):
+        return f"no {missing[1]}"
+    return said.split(". ")[0].rstrip(".")
 
 
 def _per_rank_heads(model_config, tp: int) -> tuple[int, int]:
@@ -829,13 +853,16 @@ def make_plan(
     num_gpu_blocks: int | None = None,
     cudagraph_mode: str = "FULL_AND_PIECEWISE",
     language_model_only: bool = False,
+    trust_remote_code: bool = False,
 ) -> Plan:
     """The plan; ``aiter_version="installed"`` reads the installed AITER's (None: unknown)."""
     check_model_path(model)
     model_dir, label = resolve_model_dir(model)
     check_config(model_dir, dtype)
     the_gpu = resolve_gpu(gpu)
-    model_config = _model_config(model_dir, label, dtype, max_model_len, language_model_only)
+    model_config = _model_config(
+        model_dir, label, dtype, max_model_len, language_model_only, trust_remote_code
+    )
     check_attention_kind(model_config)
     quant_config = vllm_quant_config(model_config, label)
     loads_kv_scales = layers_load_kv_scales(quant_config)
