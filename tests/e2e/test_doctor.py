@@ -368,6 +368,36 @@ def test_an_allow_list_without_the_plugin_fails_the_plugin_check(
     assert line.split()[0] == "FAIL" and shown in line
 
 
+def test_an_allow_list_without_the_plugin_is_said_beside_another_reason(
+    aiter_version, monkeypatch, capsys
+):
+    """(trial 22) One run names every reason the plugin is inactive: the switch off and
+    an allow-list without the plugin, not the first alone."""
+    aiter_version("0.1.20")
+    monkeypatch.setenv("VLLM_ROCM_ASM_DECODE", "0")
+    monkeypatch.setenv("VLLM_PLUGINS", "foo")
+    _, report = doctor_json(capsys)
+    assert checks(report)["plugin"]["detail"].startswith(
+        "inactive in this environment: VLLM_ROCM_ASM_DECODE=0; and VLLM_PLUGINS='foo' does "
+        "not name rocm_asm_decode"
+    )
+
+
+def test_switch_values_with_control_characters_stay_on_their_line(
+    aiter_version, monkeypatch, capsys
+):
+    """(trial 22) A newline or ESC in a variable's value is written escaped in the
+    switches rows, as in the FAIL lines: one row each, no escape sequence sent."""
+    aiter_version("0.1.20")
+    monkeypatch.setenv("VLLM_PLUGINS", "rocm_asm_decode\n")
+    monkeypatch.setenv("AITER_ASM_DIR", "/x\x1b[31my")
+    main(["doctor"])
+    out = capsys.readouterr().out
+    assert "\x1b" not in out
+    assert "\n  VLLM_PLUGINS=rocm_asm_decode\\n: allow-list without" in out
+    assert "\n  AITER_ASM_DIR=/x\\x1b[31my: " in out
+
+
 def test_an_allow_list_naming_the_plugin_passes_the_plugin_check(
     aiter_version, monkeypatch, capsys
 ):

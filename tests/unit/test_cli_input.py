@@ -318,8 +318,7 @@ CASES = {
     ),
     "accuracy-case-too-big": (
         ["check", "accuracy", "--heads", "4096/512", "--contexts", "131072"],
-        "check accuracy: error: --heads 4096/512 with --contexts of 1 sequence(s) up to 131072 "
-        "tokens takes about",
+        "check accuracy: error: --heads 4096/512 over --contexts 131072 takes about",
     ),
     "accuracy-case-too-big-says-the-limit": (
         ["check", "accuracy", "--heads", "40/8,4096/512", "--contexts", "131072"],
@@ -438,6 +437,19 @@ def test_bad_input_is_one_line_and_exit_2(case, capsys):
     assert err.endswith("\n") and "\x1b" not in err, err
     err = err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err
+
+
+def test_a_file_here_named_bare_as_vllm_is_told_it_is_not_on_path(tmp_path, monkeypatch, capsys):
+    """(trial 22) A bare name is looked up on PATH, as subprocess runs it: a file of that
+    name here is not run, and the line says how to name it."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "exists.json").write_text("{}")
+    argv = ["bench", "serve", "--model", "m", "--vllm", "exists.json", "--result-dir", "r"]
+    assert run(argv) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.endswith(
+        "--vllm exists.json is not a program on PATH (the file here is ./exists.json)"
+    )
 
 
 @pytest.mark.parametrize("given", ["--model=m", "--model m"], ids=["equals", "apart"])
@@ -1032,7 +1044,7 @@ def test_bench_serve_refuses_a_taken_port_and_a_plot_without_matplotlib(monkeypa
         argv = ["bench", "serve", "--model", "m", "--vllm", STAND_IN_VLLM, "--port", port]
         assert run(argv) == 2
         (line,) = capsys.readouterr().err.strip().splitlines()
-        assert f"--host '127.0.0.1' --port {port}: cannot listen there" in line
+        assert f"--host 127.0.0.1 --port {port}: cannot listen there" in line
     real = importlib.util.find_spec
     monkeypatch.setattr(
         importlib.util, "find_spec", lambda n, *a: None if n == "matplotlib" else real(n, *a)

@@ -541,7 +541,7 @@ def test_a_reproduction_json_this_command_did_not_write_is_one_line(content, cap
     code = cli.main(["reproduce", "--model", "m", "--out", str(out), *_stand_ins()])
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1, err
-    assert "cannot read its reproduction.json" in err and "give another --out" in err
+    assert f"--out {out}: cannot read its reproduction.json" in err and "another --out" in err
     assert sorted(p.name for p in out.iterdir()) == ["reproduction.json"]
 
 

@@ -691,8 +691,8 @@ def accuracy_memory_problem(
     if size <= MAX_ACCURACY_CASE_BYTES:
         return None
     return (
-        f"--heads {heads}/{kv_heads} with --contexts of {len(contexts)} sequence(s) up to "
-        f"{max(contexts)} tokens takes about {gib(size)} of memory per case, more than the "
+        f"--heads {heads}/{kv_heads} over --contexts {','.join(map(str, contexts))} "
+        f"takes about {gib(size)} of memory per case, more than the "
         f"{gib(MAX_ACCURACY_CASE_BYTES)} allowed; give fewer heads or shorter contexts"
     )
 
@@ -828,6 +828,8 @@ def not_executable(value: str, hint: str) -> str | None:
         return f"is a directory, not a program ({hint})"
     if os.sep in value and os.path.exists(value):
         return "is not an executable file (chmod +x it)"
+    if os.path.exists(value):  # a bare name is looked up on PATH, not here
+        return f"is not a program on PATH (the file here is ./{value})"
     return f"no such executable ({hint})"
 
 

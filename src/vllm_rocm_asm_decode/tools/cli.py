@@ -837,7 +837,7 @@ def _port_taken(host: str, port: int) -> str | None:
     from .validation.serve_bench import listen_problem
 
     why = listen_problem(host, port)
-    return None if why is None else f"--host {host!r} --port {port}: cannot listen there ({why})"
+    return None if why is None else f"--host {host} --port {port}: cannot listen there ({why})"
 
 
 def _missing_runtime() -> str | None:

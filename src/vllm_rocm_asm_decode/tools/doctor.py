@@ -322,12 +322,13 @@ def environment() -> Report:
         reason = str(exc)
     if reason == f"{settings.SWITCH_ENV}=0":  # as the user wrote it (False, FALSE, ...)
         reason = settings.switch_as_written()
-    if reason is None and settings.left_out_by_vllm_plugins():  # vLLM never calls register()
-        reason = (
+    if settings.left_out_by_vllm_plugins():  # vLLM never calls register(): said too
+        left_out = (
             f"VLLM_PLUGINS={os.environ['VLLM_PLUGINS']!r} does not name {ENTRY_POINT} (vLLM "
             "splits it at commas and strips nothing), so vLLM does not load the plugin; add "
             f"{ENTRY_POINT} to the list or unset VLLM_PLUGINS"
         )
+        reason = f"{reason}; and {left_out}" if reason else left_out
     checks.append(
         Check(
             "plugin",
@@ -630,4 +631,6 @@ def render(report: Report) -> str:
         lines.append(f"  {'ok  ' if c.ok else 'FAIL'}  {c.name:<20} {c.detail}")
     lines.append(f"self-test  {report.self_test}")
     lines.append(f"result     exit {report.exit_code}: {EXIT_MEANINGS[report.exit_code]}")
-    return "\n".join(lines)
+    from .cli import one_line  # a value or path with a newline or ESC in it: escaped
+
+    return "\n".join(map(one_line, lines))

@@ -65,8 +65,8 @@ def main(args: argparse.Namespace) -> int:
         stored = None
         why = getattr(exc, "strerror", None) or first_line(exc) or "not JSON"
         problem = (
-            f"--out: cannot read its reproduction.json ({why}); it is not one this command "
-            "wrote: give another --out"
+            f"--out {args.out}: cannot read its reproduction.json ({why}); it is not one "
+            "this command wrote: give another --out"
         )
     else:
         if stored is not None and stored != options.settings_of(args).to_json():

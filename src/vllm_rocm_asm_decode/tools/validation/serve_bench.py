@@ -404,6 +404,10 @@ _EXCEPTION_LINE = re.compile(r"\b([A-Z]\w*(?:Error|Exception)): (\S.*)$")
 _TERMINAL_CODES = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
+#: What vLLM raises where it finds no platform to run on (``DeviceConfig``).
+_NO_DEVICE = "Failed to infer device type"
+
+
 def last_error(log: str, limit: int = 240) -> str | None:
     """What the last exception a server logged says ("RuntimeError: ..."): the line that
     tells why it exited, shortened to ``limit`` characters; None when it logged none."""
@@ -455,6 +459,8 @@ class Server:
             if not self.alive():
                 code = self.proc.returncode if self.proc else None
                 why = last_error(self.log_text())
+                if why and _NO_DEVICE in why:  # vLLM's words for a machine without a GPU
+                    why = f"vLLM found no GPU on this machine ({_NO_DEVICE}), where it serves"
                 raise ServeError(
                     f"{self.arm} server exited with code {code} before /health answered"
                     + (f": {why}" if why else "")
