@@ -100,6 +100,18 @@ class InputError(ValueError):
     """A problem with the user's input; the CLI prints it as one line and exits 2."""
 
 
+#: What would break a line of ours on a terminal: C0 and C1 controls but the tab, and
+#: Unicode's line and paragraph separators.
+_CONTROLS = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def one_line(text: str) -> str:
+    """``text`` with its control characters written as Python escapes (a newline as
+    ``\\n``, ESC as ``\\x1b``): a path or value that carries one leaves an error one
+    line, and sends no escape sequence to the terminal."""
+    return _CONTROLS.sub(lambda m: m[0].encode("unicode_escape").decode("ascii"), text)
+
+
 def first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return text[0] if text else type(exc).__name__

@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterator, Sequence
 from types import FrameType
 
 from . import choices
+from .choices import one_line
 from .stopping import Terminated, sigterm_taken, stopped_by
 
 PROG = "vllm-rocm-asm-decode"
@@ -953,18 +954,6 @@ class _GuardedStdout:
 
     def __getattr__(self, name: str):
         return getattr(self._stream, name)
-
-
-#: What would break a line of ours on a terminal: C0 and C1 controls but the tab, and
-#: Unicode's line and paragraph separators.
-_CONTROLS = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029]")
-
-
-def one_line(text: str) -> str:
-    """``text`` with its control characters written as Python escapes (a newline as
-    ``\\n``, ESC as ``\\x1b``): a path or value that carries one leaves an error one
-    line, and sends no escape sequence to the terminal."""
-    return _CONTROLS.sub(lambda m: m[0].encode("unicode_escape").decode("ascii"), text)
 
 
 class _OneLineErrors:

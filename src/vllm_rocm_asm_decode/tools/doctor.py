@@ -33,6 +33,7 @@ from .. import settings
 from ..aiter_version import BLOCK_ID_LIMIT, FIRST_FIXED, AiterBuild, describe, installed_version
 from ..kernel_table import ULTRA_PRECISION, KernelTable
 from ..skew import ASM_SKEW_HEAD_TOKENS, ASM_SKEW_RATIO
+from .choices import one_line
 from .validation.check import NO_VLLM, Check
 
 ENTRY_POINT = settings.ENTRY_POINT
@@ -631,6 +632,4 @@ def render(report: Report) -> str:
         lines.append(f"  {'ok  ' if c.ok else 'FAIL'}  {c.name:<20} {c.detail}")
     lines.append(f"self-test  {report.self_test}")
     lines.append(f"result     exit {report.exit_code}: {EXIT_MEANINGS[report.exit_code]}")
-    from .cli import one_line  # a value or path with a newline or ESC in it: escaped
-
-    return "\n".join(map(one_line, lines))
+    return "\n".join(map(one_line, lines))  # a value with a newline or ESC: escaped
