@@ -116,12 +116,13 @@ class Model(torch.nn.Module):
 def common(seq_lens, pages, query_lens=None, on=DEVICE):  # one query token a request
     n, query_lens = len(seq_lens), query_lens or [1] * len(seq_lens)
     start = torch.tensor([0, *query_lens]).cumsum(0).to(torch.int32)
-    lens, width = torch.tensor(seq_lens, dtype=torch.int32), max(map(len, pages))
+    lens, width = torch.tensor(seq_lens, dtype=torch.int32), max(map(len, pages)) + 1
     table = torch.tensor([p + [0] * (width - len(p)) for p in pages], dtype=torch.int32)
     # On the device, copies: a capture zeroes query_start_loc and fills seq_lens with 1.
     gpu = dict(query_start_loc=start, block_table_tensor=table)
     gpu |= dict(slot_mapping=torch.full((sum(query_lens),), -1))  # no KV written
     gpu = {name: x.to(on, copy=True) for name, x in gpu.items()}  # "meta": none read
+    gpu |= dict(block_table_tensor=gpu["block_table_tensor"][:, :-1])  # a column slice
     gpu |= dict(seq_lens=lens.to(DEVICE, copy=True))  # an asm step's build() clamps it
     host = dict(query_start_loc_cpu=start, seq_lens_cpu_upper_bound=lens, num_reqs=n)
     host |= dict(num_actual_tokens=sum(query_lens), max_query_len=max(query_lens))
@@ -143,8 +144,7 @@ def test_every_admitted_gqa_ratio(tmp_path, gqa, dtype):
     free = (torch.randperm(sum(pages)) + 1).tolist()
     model = Model(tmp_path, heads, 8, len(free) + 1, dtype)
     step = common(seq_lens, [[free.pop() for _ in range(p)] for p in pages])
-    qkv = torch.randn(n + PAD, heads + 16, HEAD, dtype=dtype, device=DEVICE)
-    query = qkv[:, :heads]  # a view, as vLLM's
+    query = torch.randn(n + PAD, heads + 16, HEAD).to(DEVICE, dtype)[:, :heads]  # view
     metadata = model.builder.build_for_cudagraph_capture(step)
     step.seq_lens.copy_(step.seq_lens_cpu_upper_bound)  # as vLLM's runner does
     step.query_start_loc.copy_(step.query_start_loc_cpu)
@@ -196,8 +196,7 @@ def test_the_builder_decides_on_host_integers(tmp_path, gfx942):
     k, v = model.builder.build_for_cudagraph_capture(step).asm_scales[model.attn]
     kw = pa.call_args.kwargs  # the layer's own tables, the ultra-precision kernel
     assert kw["K_QScale"] is k and kw["V_QScale"] is v and kw["high_precision"] == 2
-    assert kw["block_tables_stride0"] == 2 and kw["V"].shape == (3, 8, 1, HEAD, BLOCK)
-    assert kw["Q"].shape == kw["out_"].shape == (len(kw["context_lens"]), 16, HEAD)
+    assert kw["block_tables_stride0"] == 3 and len(kw["context_lens"]) == len(kw["Q"])
     pad = common([16] * (n + 1) + [0], [[1]] * (n + 2), on="meta")  # a padding row
     ptr = model.builder.build(0, step).seq_lens.data_ptr()  # graphs read these lengths
     lens = model.builder.build(0, pad).seq_lens  # refilled in place, floored at 1:
@@ -220,9 +219,10 @@ def test_a_reload_refills_the_tables_or_sends_parted_layers_to_hip(tmp_path, gfx
     assert k.shape == v.shape == (3, 8, BLOCK) and k.dtype == v.dtype == torch.float
     model.reload((0.25, 2.0), (0.5, 2.0))  # layers.0 parts: HIP; layers.1 keeps its K
     graphs = model.config.compilation_config  # vLLM's default: FULL_AND_PIECEWISE
-    graphs.cudagraph_mode = cfg.CUDAGraphMode.FULL_AND_PIECEWISE
-    with pytest.raises(RuntimeError, match=r"layers\.0 left .* restart with"):
-        model.builder.build(0, step)
+    for mode in ("FULL_AND_PIECEWISE", "FULL_DECODE_ONLY"):  # their graphs may hold asm
+        graphs.cudagraph_mode = cfg.CUDAGraphMode[mode]
+        with pytest.raises(RuntimeError, match=r"layers\.0 left .* restart with"):
+            model.builder.build(0, step)
     graphs.cudagraph_mode = cfg.CUDAGraphMode.PIECEWISE
     with mock.patch.object(rocm_attn.logger, "error") as error:  # one line
         metadata = model.builder.build(0, step)
@@ -272,7 +272,7 @@ def rule(path, head=HEAD, block=BLOCK, lbhnc=False, mi3xx=True, model=None, n=4,
 
 
 EDGE = dict(num_heads=64, kv_cache_dtype="fp8_e4m3", n=2**22 - 1)  # tables < 2 GiB
-EDGE |= dict(model=dict(dtype=torch.float16, max_model_len=40960))
+EDGE |= dict(model=dict(dtype=torch.float16, max_model_len=40960), scale=1 / HEAD**0.5)
 WRONG = dict(mi3xx=False, kv_cache_dtype="fp8_e5m2", block=32, head=256, num_heads=72)
 WRONG |= dict(scale=1.001 / 256**0.5, sliding_window=64, lbhnc=True, n=2**22)  # 2 GiB
 WRONG |= dict(alibi_slopes=[0.5] * 72, logits_soft_cap=30.0, sinks=torch.zeros(72))
