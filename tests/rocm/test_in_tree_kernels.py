@@ -25,5 +25,5 @@ def _trust_this_aiter(monkeypatch):
 # plugin does not have (it gives such layers tables of their own and has metadata of its
 # own); the in-tree session runs them, the first on the contract model.
 del test_the_builder_decides_on_host_integers  # noqa: F821
-del test_a_reload_refills_the_tables_or_sends_parted_layers_to_hip  # noqa: F821
+del test_a_reload_refills_or_sends_parted_layers_to_hip  # noqa: F821
 del test_what_keeps_every_layer_on_hip  # noqa: F821
