@@ -391,11 +391,15 @@ def test_switch_values_with_control_characters_stay_on_their_line(
     aiter_version("0.1.20")
     monkeypatch.setenv("VLLM_PLUGINS", "rocm_asm_decode\n")
     monkeypatch.setenv("AITER_ASM_DIR", "/x\x1b[31my")
+    monkeypatch.setenv("VLLM_ROCM_USE_AITER_MHA", "\u202eoff")  # (trial 23) bidi: reverses
+    monkeypatch.setenv("VLLM_ROCM_USE_AITER", "\t1")  # (trial 23) a tab hides the cause
     main(["doctor"])
     out = capsys.readouterr().out
-    assert "\x1b" not in out
+    assert "\x1b" not in out and "\u202e" not in out and "\t" not in out
     assert "\n  VLLM_PLUGINS=rocm_asm_decode\\n: allow-list without" in out
     assert "\n  AITER_ASM_DIR=/x\\x1b[31my: " in out
+    assert "\n  VLLM_ROCM_USE_AITER_MHA=\\u202eoff: " in out
+    assert "\n  VLLM_ROCM_USE_AITER=\\t1: " in out
 
 
 def test_an_allow_list_naming_the_plugin_passes_the_plugin_check(

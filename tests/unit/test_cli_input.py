@@ -394,8 +394,8 @@ CASES = {
         "vllm-rocm-asm-decode check passkey: error: unrecognized arguments: --jsn x",
     ),
     "model-without-model": (  # as vllm serve takes it
-        ["plan", "--gpu", "mi300x", "/models/my llama"],
-        "unrecognized arguments: /models/my llama (name the model with --model '/models/my llama')",
+        ["plan", "--gpu", "mi300x", "qwen3-8b"],
+        "unrecognized arguments: qwen3-8b (name the model with --model qwen3-8b)",
     ),
     "serve-arg-with-its-value-apart": (
         ["bench", "serve", "--model", "m", "--serve-arg", "--max-num-seqs", "64"],
@@ -457,6 +457,27 @@ def test_a_stray_word_beside_a_named_model_gets_no_model_advice(given, capsys):
     assert run(["check", "passkey", *given.split(), "extra"]) == 2
     (line,) = capsys.readouterr().err.splitlines()
     assert line.endswith("check passkey: error: unrecognized arguments: extra"), line
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--json", "out.json"], ["-tp", "2", "4"], ["--kv-cache-dtype", "fp8", "auto"]],
+    ids=["json-path", "second-tp", "second-kv-dtype"],
+)
+def test_a_flags_extra_value_gets_no_model_advice(argv, capsys):
+    """(trial 23) Only a directory with a config.json, or a preset, is advised as a
+    model: a value given to a flag that takes none, or a second one, is not."""
+    assert run(["plan", *argv]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.endswith(f"plan: error: unrecognized arguments: {argv[-1]}"), line
+
+
+def test_a_model_directory_given_without_model_is_advised(tmp_path, capsys):
+    (tmp_path / "my model").mkdir()
+    (tmp_path / "my model" / "config.json").write_text("{}")
+    assert run(["plan", str(tmp_path / "my model")]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.endswith(f"(name the model with --model '{tmp_path}/my model')"), line
 
 
 MODEL_PATHS = {  # each a path the user meant, not a Hugging Face id to download
@@ -1675,6 +1696,38 @@ def test_a_model_of_remote_code_is_read_with_trust_remote_code(tmp_path, capsys)
     ), err
     assert main(["plan", "--model", str(tmp_path), "--trust-remote-code"]) == 0
     assert "layers 0-31: HIP: head size 96\n" in capsys.readouterr().out
+
+
+REMOTE_CODE = {  # (trial 23) what a checkpoint's auto_map code may do, and the line
+    "exits": ("import sys\nsys.exit(3)\n", "'s own code exited (3) while vLLM read it"),
+    "in-another-repo": (None, "names code on the Hugging Face Hub (its auto_map), which"),
+}
+
+
+@pytest.mark.parametrize(("code", "says"), REMOTE_CODE.values(), ids=REMOTE_CODE)
+def test_what_a_models_own_code_does_is_one_line(tmp_path, capsys, code, says):
+    config = dict(model_type="phi3_v", architectures=["Phi3VForCausalLM"])
+    config |= dict(num_attention_heads=32, num_key_value_heads=32, num_hidden_layers=32)
+    where = "configuration_phi3_v.Cfg" if code else "some-org/some-repo--configuration_x.Cfg"
+    (tmp_path / "config.json").write_text(json.dumps(config | dict(auto_map={"AutoConfig": where})))
+    if code:
+        (tmp_path / "configuration_phi3_v.py").write_text(code)
+    err = _one_line_exit_2(["plan", "--model", str(tmp_path), "--trust-remote-code"], capsys)
+    assert says in err, err
+
+
+def test_what_a_models_own_code_prints_stays_out_of_json(tmp_path, capsys):
+    """(trial 23) plan --json's stdout is the JSON object alone."""
+    config = dict(model_type="phi3_v", architectures=["Phi3VForCausalLM"])
+    config |= dict(num_attention_heads=32, num_key_value_heads=32, num_hidden_layers=32)
+    config |= dict(hidden_size=3072, max_position_embeddings=4096)
+    auto = dict(auto_map={"AutoConfig": "configuration_phi3_v.Phi3VConfig"})
+    (tmp_path / "config.json").write_text(json.dumps(config | auto))
+    said = PHI3_V_CONFIG.replace("class Phi3VConfig", 'print("hello")\n\n\nclass Phi3VConfig')
+    (tmp_path / "configuration_phi3_v.py").write_text(said)
+    assert main(["plan", "--model", str(tmp_path), "--trust-remote-code", "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["model"] == str(tmp_path) and "hello" in err
 
 
 @pytest.mark.parametrize("kind", ["fifo", "directory"])

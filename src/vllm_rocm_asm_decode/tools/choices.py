@@ -100,9 +100,10 @@ class InputError(ValueError):
     """A problem with the user's input; the CLI prints it as one line and exits 2."""
 
 
-#: What would break a line of ours on a terminal: C0 and C1 controls but the tab, and
-#: Unicode's line and paragraph separators.
-_CONTROLS = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029]")
+#: What would break a line of ours on a terminal or hide what it says: C0 and C1
+#: controls, the tab among them, Unicode's line and paragraph separators and
+#: bidirectional controls, and the lone surrogates Python makes of undecodable bytes.
+_CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
 
 
 def one_line(text: str) -> str:

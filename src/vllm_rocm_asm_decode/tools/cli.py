@@ -204,13 +204,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     plan.add_argument(
         "--language-model-only",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,  # --no-...: as vllm serve takes it
+        default=False,
         help="as vllm serve takes it: a multimodal model serves its text model alone "
         "(Gemma 3's then runs on ROCM_ATTN)",
     )
     plan.add_argument(
         "--trust-remote-code",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,  # --no-...: as vllm serve takes it
+        default=False,
         help="as vllm serve takes it: run the checkpoint's own Python code (its "
         "config.json's auto_map), which some models need to be read",
     )
@@ -904,7 +906,8 @@ def _glue_serve_args(argv: list[str]) -> list[str]:
 def _stray_hint(argv: list[str], args: argparse.Namespace, stray: str) -> str:
     """Advice for a stray word: one after a ``--serve-arg``, which takes one word
     (``--serve-arg --max-num-seqs 64``), or a model named as ``vllm serve`` takes it,
-    without ``--model``; else nothing."""
+    without ``--model`` (a directory with a config.json, or a preset: never a flag's
+    value); else nothing."""
     for before, word in itertools.pairwise(argv):
         if word == stray and before.startswith("--serve-arg="):
             option = before.split("=", 1)[1]
@@ -913,7 +916,8 @@ def _stray_hint(argv: list[str], args: argparse.Namespace, stray: str) -> str:
                 f"--serve-arg {option} --serve-arg {stray})"
             )
     named = any(arg.split("=")[0] == "--model" for arg in argv)
-    if hasattr(args, "model") and not named and not stray.startswith("-"):
+    model = stray in choices.presets() or os.path.isfile(os.path.join(stray, "config.json"))
+    if hasattr(args, "model") and not named and model:
         return f" (name the model with --model {shlex.quote(stray)})"
     return ""
 

@@ -15,6 +15,7 @@ import logging
 import math
 import os
 import re
+import sys
 import traceback
 import warnings
 from collections.abc import Iterator
@@ -208,7 +209,8 @@ def _model_config(
     from vllm.config import ModelConfig
 
     try:
-        with _one_voice():
+        # A checkpoint's own code (--trust-remote-code) may print: not into --json.
+        with _one_voice(), contextlib.redirect_stdout(sys.stderr):
             return ModelConfig(
                 model=str(model_dir),
                 skip_tokenizer_init=True,
@@ -217,6 +219,8 @@ def _model_config(
                 language_model_only=language_model_only,
                 trust_remote_code=trust_remote_code,
             )
+    except SystemExit as exc:  # a checkpoint's own code that exits
+        raise PlanError(f"{label}'s own code exited ({exc.code}) while vLLM read it") from exc
     except Exception as exc:  # vLLM's own validation errors, unreadable configs
         if _in_dtype_fallback(exc):
             raise PlanError(
@@ -226,10 +230,16 @@ def _model_config(
             ) from exc
         if broken := _broken_json(model_dir):
             raise PlanError(f"vLLM refuses {label}: {broken}") from exc
-        if not trust_remote_code and "contains custom code which must be executed" in str(exc):
+        remote = ("contains custom code which must be executed", "inspect the repository")
+        if not trust_remote_code and any(said in str(exc) for said in remote):
             raise PlanError(
                 f"{label} needs its own Python code to be read (config.json's auto_map): "
                 "give --trust-remote-code to run it, as vllm serve takes it"
+            ) from exc
+        if trust_remote_code and "couldn't connect to 'https://huggingface.co'" in str(exc):
+            raise PlanError(
+                f"{label}'s config.json names code on the Hugging Face Hub (its auto_map), "
+                "which plan, reading offline, does not download: set HF_HUB_OFFLINE=0 to let it"
             ) from exc
         if missing := _processor_missing(exc):
             raise PlanError(
