@@ -1666,9 +1666,19 @@ def test_a_multimodal_config_without_its_processor_files_names_the_file(tmp_path
         "Transformers cannot load it (no preprocessor_config.json): put the checkpoint's "
         "processor and tokenizer files beside its config.json\n"
     ), err
-    (tmp_path / "preprocessor_config.json").write_text('{"processor_class": "MllamaProcessor"}')
+    processor = dict(processor_class="MllamaProcessor", image_processor_type="MllamaImageProcessor")
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps(processor))
     err = _one_line_exit_2(["plan", "--model", str(tmp_path)], capsys)  # no tokenizer
     assert "Transformers cannot load it (Failed to load the processor): put the" in err
+    # (trial 23) With its tokenizer, it is read as vllm serve reads it, and planned.
+    from tokenizers import Tokenizer, models
+
+    vocab = {"<unk>": 0, "<|image|>": 1, "<|begin_of_text|>": 2}
+    Tokenizer(models.WordLevel(vocab, unk_token="<unk>")).save(str(tmp_path / "tokenizer.json"))
+    tokenizer = dict(tokenizer_class="PreTrainedTokenizerFast", unk_token="<unk>")
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(tokenizer))
+    assert main(["plan", "--model", str(tmp_path), "--max-model-len", "4096"]) == 0
+    assert "40 layers; per rank 32 query / 8 KV heads (GQA 4)" in capsys.readouterr().out
 
 
 PHI3_V_CONFIG = """

@@ -208,17 +208,27 @@ def _model_config(
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from vllm.config import ModelConfig
 
-    try:
+    def read(skip_tokenizer_init: bool):
         # A checkpoint's own code (--trust-remote-code) may print: not into --json.
         with _one_voice(), contextlib.redirect_stdout(sys.stderr):
             return ModelConfig(
                 model=str(model_dir),
-                skip_tokenizer_init=True,
+                skip_tokenizer_init=skip_tokenizer_init,
                 dtype=dtype,
                 max_model_len=max_model_len,
                 language_model_only=language_model_only,
                 trust_remote_code=trust_remote_code,
             )
+
+    try:
+        try:  # without a tokenizer: a directory may hold config.json alone
+            return read(skip_tokenizer_init=True)
+        except Exception as exc:
+            # A multimodal model whose processor needs the tokenizer (InternVL, Llama 3.2
+            # Vision) is read as vllm serve reads it, where the checkpoint has one.
+            if not (_processor_missing(exc) and _has_tokenizer(model_dir)):
+                raise
+            return read(skip_tokenizer_init=False)
     except SystemExit as exc:  # a checkpoint's own code that exits
         raise PlanError(f"{label}'s own code exited ({exc.code}) while vLLM read it") from exc
     except Exception as exc:  # vLLM's own validation errors, unreadable configs
@@ -332,12 +342,18 @@ def _what_is_wrong(exc: BaseException) -> str:
 _NO_PROCESSOR_FILE = re.compile(r"Can't load .* directory containing an? (\S+) file$")
 
 
+def _has_tokenizer(model_dir: Path) -> bool:
+    """Whether the checkpoint carries a tokenizer (Transformers' file names)."""
+    names = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+    return any((model_dir / name).is_file() for name in names)
+
+
 def _processor_missing(exc: BaseException) -> str | None:
     """What vLLM could not load of a multimodal model's processor while it built the
     ModelConfig (it reads the processor of a model served by Transformers' backend),
     said briefly; None where the error came from elsewhere."""
     frames = traceback.extract_tb(exc.__traceback__)
-    if not any(frame.name == "get_hf_processor" for frame in frames):
+    if not any(frame.name in ("get_hf_processor", "get_tokenizer") for frame in frames):
         return None
     said = " ".join(str(exc).split())
     if missing := _NO_PROCESSOR_FILE.search(said):
