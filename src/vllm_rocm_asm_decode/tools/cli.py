@@ -202,20 +202,23 @@ def build_parser() -> argparse.ArgumentParser:
         help="vLLM's compilation_config cudagraph_mode (default FULL_AND_PIECEWISE, "
         "vLLM's); under FULL every captured graph holds the HIP decode",
     )
-    plan.add_argument(
-        "--language-model-only",
-        action=argparse.BooleanOptionalAction,  # --no-...: as vllm serve takes it
-        default=False,
-        help="as vllm serve takes it: a multimodal model serves its text model alone "
-        "(Gemma 3's then runs on ROCM_ATTN)",
-    )
-    plan.add_argument(
-        "--trust-remote-code",
-        action=argparse.BooleanOptionalAction,  # --no-...: as vllm serve takes it
-        default=False,
-        help="as vllm serve takes it: run the checkpoint's own Python code (its "
-        "config.json's auto_map), which some models need to be read",
-    )
+    for flag, does in (  # vllm serve's switches, as it takes them (--no-... too)
+        (
+            "--language-model-only",
+            "a multimodal model serves its text model alone (Gemma 3's then runs on ROCM_ATTN)",
+        ),
+        (
+            "--trust-remote-code",
+            "run the checkpoint's own Python code (its config.json's auto_map), which some "
+            "models need to be read",
+        ),
+    ):
+        plan.add_argument(
+            flag,
+            action=argparse.BooleanOptionalAction,
+            default=False,
+            help=f"as vllm serve takes it: {does}",
+        )
     plan.add_argument("--json", action="store_true", help="print one JSON object")
 
     doc = _documented_parser(
