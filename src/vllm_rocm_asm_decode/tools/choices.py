@@ -101,9 +101,9 @@ class InputError(ValueError):
 
 
 #: What would break a line of ours on a terminal or hide what it says: C0 and C1
-#: controls, the tab among them, Unicode's line and paragraph separators and
-#: bidirectional controls, and the lone surrogates Python makes of undecodable bytes.
-_CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+#: controls, the tab among them, Unicode's line and paragraph separators and its
+#: bidirectional controls. (Undecodable bytes stay as given: a path is named as typed.)
+_CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 
 
 def one_line(text: str) -> str:
