@@ -1690,15 +1690,22 @@ class Phi3VConfig(PretrainedConfig):  # the checkpoint's own code, as auto_map n
 """
 
 
+def phi3_v(where, code=PHI3_V_CONFIG, auto_config="configuration_phi3_v.Phi3VConfig"):
+    """A Phi-3-vision checkpoint directory whose config.json's auto_map names its config
+    class (in ``code``, its configuration_phi3_v.py; None: no such file)."""
+    config = dict(model_type="phi3_v", architectures=["Phi3VForCausalLM"])
+    config |= dict(auto_map={"AutoConfig": auto_config}, torch_dtype="bfloat16")
+    config |= dict(num_attention_heads=32, num_key_value_heads=32, num_hidden_layers=32)
+    config |= dict(hidden_size=3072, max_position_embeddings=4096, vocab_size=32064)
+    (where / "config.json").write_text(json.dumps(config))
+    if code is not None:
+        (where / "configuration_phi3_v.py").write_text(code)
+
+
 def test_a_model_of_remote_code_is_read_with_trust_remote_code(tmp_path, capsys):
     """vLLM serves Phi-3-vision with --trust-remote-code: plan takes it too, and says
     to give it where a checkpoint's auto_map needs it (not Transformers' advice)."""
-    config = dict(model_type="phi3_v", architectures=["Phi3VForCausalLM"])
-    config |= dict(auto_map={"AutoConfig": "configuration_phi3_v.Phi3VConfig"})
-    config |= dict(num_attention_heads=32, num_key_value_heads=32, num_hidden_layers=32)
-    config |= dict(hidden_size=3072, max_position_embeddings=4096, vocab_size=32064)
-    (tmp_path / "config.json").write_text(json.dumps(config | dict(torch_dtype="bfloat16")))
-    (tmp_path / "configuration_phi3_v.py").write_text(PHI3_V_CONFIG)
+    phi3_v(tmp_path)
     err = _one_line_exit_2(["plan", "--model", str(tmp_path)], capsys)
     assert err.endswith(
         f"plan: error: {tmp_path} needs its own Python code to be read (config.json's "
@@ -1709,32 +1716,31 @@ def test_a_model_of_remote_code_is_read_with_trust_remote_code(tmp_path, capsys)
 
 
 REMOTE_CODE = {  # (trial 23) what a checkpoint's auto_map code may do, and the line
-    "exits": ("import sys\nsys.exit(3)\n", "'s own code exited (3) while vLLM read it"),
-    "in-another-repo": (None, "names code on the Hugging Face Hub (its auto_map), which"),
+    "exits": (
+        ("import sys\nsys.exit(3)\n", "configuration_phi3_v.Cfg"),
+        "'s own code exited (3) while vLLM read it",
+    ),
+    "in-another-repo": (
+        (None, "some-org/some-repo--configuration_x.Cfg"),
+        "names code on the Hugging Face Hub (its auto_map), which",
+    ),
 }
 
 
-@pytest.mark.parametrize(("code", "says"), REMOTE_CODE.values(), ids=REMOTE_CODE)
-def test_what_a_models_own_code_does_is_one_line(tmp_path, capsys, code, says):
-    config = dict(model_type="phi3_v", architectures=["Phi3VForCausalLM"])
-    config |= dict(num_attention_heads=32, num_key_value_heads=32, num_hidden_layers=32)
-    where = "configuration_phi3_v.Cfg" if code else "some-org/some-repo--configuration_x.Cfg"
-    (tmp_path / "config.json").write_text(json.dumps(config | dict(auto_map={"AutoConfig": where})))
-    if code:
-        (tmp_path / "configuration_phi3_v.py").write_text(code)
+@pytest.mark.parametrize(("checkpoint", "says"), REMOTE_CODE.values(), ids=REMOTE_CODE)
+def test_what_a_models_own_code_does_is_one_line(tmp_path, capsys, checkpoint, says):
+    code, auto_config = checkpoint
+    phi3_v(tmp_path, code, auto_config)
     err = _one_line_exit_2(["plan", "--model", str(tmp_path), "--trust-remote-code"], capsys)
     assert says in err, err
 
 
 def test_what_a_models_own_code_prints_stays_out_of_json(tmp_path, capsys):
     """(trial 23) plan --json's stdout is the JSON object alone."""
-    config = dict(model_type="phi3_v", architectures=["Phi3VForCausalLM"])
-    config |= dict(num_attention_heads=32, num_key_value_heads=32, num_hidden_layers=32)
-    config |= dict(hidden_size=3072, max_position_embeddings=4096)
-    auto = dict(auto_map={"AutoConfig": "configuration_phi3_v.Phi3VConfig"})
-    (tmp_path / "config.json").write_text(json.dumps(config | auto))
-    said = PHI3_V_CONFIG.replace("class Phi3VConfig", 'print("hello")\n\n\nclass Phi3VConfig')
-    (tmp_path / "configuration_phi3_v.py").write_text(said)
+    phi3_v(
+        tmp_path,
+        PHI3_V_CONFIG.replace("class Phi3VConfig", 'print("hello")\n\n\nclass Phi3VConfig'),
+    )
     assert main(["plan", "--model", str(tmp_path), "--trust-remote-code", "--json"]) == 0
     out, err = capsys.readouterr()
     assert json.loads(out)["model"] == str(tmp_path) and "hello" in err
