@@ -21,9 +21,7 @@ def _trust_this_aiter(monkeypatch):
     monkeypatch.setenv("VLLM_ROCM_ASM_DECODE_SKEW", "0")
 
 
-# These tests read stage 1's shared tables, its metadata's fields and its raise, which the
+# This test reads stage 1's shared tables, its metadata's fields and its raise, which the
 # plugin does not have (it gives such layers tables of their own and has metadata of its
-# own); the in-tree session runs them, the first on the contract model.
-del test_the_builder_decides_on_host_integers  # noqa: F821
-del test_a_reload_refills_or_sends_parted_layers_to_hip  # noqa: F821
-del test_what_keeps_every_layer_on_hip  # noqa: F821
+# own); the in-tree session runs it.
+del test_the_builders_decisions  # noqa: F821

@@ -109,20 +109,16 @@ def test_stage_2_applies_on_stage_1_as_at_once_and_stage_1_then_has_nothing_to_d
     assert snapshot(tree) == snapshot(at_once)
 
 
-def test_stage_3_drops_stage_1s_test_of_the_cap_it_lifts_stacked_or_at_once(tree, tmp_path):
-    """(trial 14) The cap of four tables goes in stage 3, and so does its test: each stage's
-    branch passes its own tests. Stacked on stage 1 it writes what it writes at once, and
-    stage 1 run again then changes nothing."""
-    (cap, _), (_, lifted) = upstream.CAPPED_TABLES
+def test_stage_3_stacked_on_stage_1_writes_what_it_writes_at_once(tree, tmp_path):
+    """The kernel test file is stage 1's at every stage (stage 3's lifted table cap is
+    tested by the end-to-end suite); stage 1 run again on stage 3 changes nothing."""
     at_once = stock_tree(tmp_path / "at-once")
     upstream.apply(at_once, 3)
     upstream.apply(tree, 1)
-    assert cap in (tree / upstream.KERNEL_TEST).read_text()
+    written = (tree / upstream.KERNEL_TEST).read_text()
     upstream.apply(tree, 3)
     assert snapshot(tree) == snapshot(at_once)
-    written = (tree / upstream.KERNEL_TEST).read_text()
-    assert cap not in written and "fifth" not in written and lifted in written
-    assert "\ndef test_what_keeps_every_layer_on_hip(" in written
+    assert (tree / upstream.KERNEL_TEST).read_text() == written
     upstream.apply(tree, 1)
     assert snapshot(tree) == snapshot(at_once)
 
@@ -174,7 +170,7 @@ def test_stage_1_is_about_a_hundred_lines_inside_rocm_attn_py(tree):
     assert "log = logger.warning_once if why else logger.info_once" in text
     # Its test file: ~200 lines, at least 12 tests (docs/upstream.md says what is in it).
     test_file = files[upstream.KERNEL_TEST]
-    assert len(test_file.splitlines()) <= 291 and test_file.count("\ndef test_") >= 5
+    assert len(test_file.splitlines()) <= 236 and test_file.count("\ndef test_") >= 4
 
 
 def test_a_file_where_a_directory_goes_stops_check_and_apply_alike(tree, capsys):
@@ -823,7 +819,7 @@ def test_the_pull_request_texts_are_short_shipped_and_in_the_docs(stage):
             "output_scale",
             "two at least",
             "gqa8",
-            "**Tests** (25, ROCm only; 8 need no GPU)",
+            "**Tests** (20, ROCm only; 3 need no GPU)",
             "one per DBO micro-batch",
             "17 GPU tests",
         )

@@ -329,33 +329,12 @@ def check_tree(root: Path, stage: int = DEFAULT_STAGE) -> str:
 _TEST_IMPORTS = {"vllm_rocm_asm_decode.core": "vllm.v1.attention.backends.rocm_attn"}
 
 
-#: What stage 1's kernel tests say of its cap of four scale tables, which stage 3 lifts:
-#: each text and what stage 3 writes in its place.
-CAPPED_TABLES = (
-    (
-        "    model.reload((1.0, 1.0), (2.0, 4.0), (1.0, 1.0), (4.0, 4.0))  # K 4.0: a fifth table\n"
-        "    assert not builder(*model.args).build(0, step).asm_scales\n",
-        "",
-    ),
-    (
-        "max_num_seqs at the cut, a fifth scale table.",
-        "max_num_seqs at the cut.",
-    ),
-)
-
-
-def render_kernel_test(source: str | None = None, stage: int = DEFAULT_STAGE) -> str:
-    """The kernel tests as vLLM's test file after stage ``stage``: its SPDX header, the
-    runtime's names imported from where stage 1 puts them, and from stage 3 on without
-    the assertion of the cap stage 3 lifts (:data:`CAPPED_TABLES`)."""
+def render_kernel_test(source: str | None = None) -> str:
+    """The kernel tests as vLLM's test file (stage 1 writes it, later stages leave it as
+    it is): its SPDX header, the runtime's names imported from where stage 1 puts them."""
     if source is None:
         source = _TEST_SOURCE.read_text(encoding="utf-8")
     src = Source(KERNEL_TEST, source)
-    if stage >= 3:
-        for text, lifted in CAPPED_TABLES:
-            if src.text.count(text) != 1:
-                raise UpstreamError(f"{KERNEL_TEST}: stage 1's test of the table cap moved")
-            src.text = src.text.replace(text, lifted)
     for node in reversed(src.top_imports()):
         module = getattr(node, "module", None)
         if module in _TEST_IMPORTS:
@@ -402,21 +381,13 @@ def _plan(root: Path, stage: int) -> dict[Path, tuple[str | None, str]]:
     new_files = {
         rel: (n, make) for n in range(1, stage + 1) for rel, make in NEW_FILES.get(n, {}).items()
     }
-    new_files[KERNEL_TEST] = (1, lambda _: render_kernel_test(stage=stage))
+    new_files[KERNEL_TEST] = (1, lambda _: render_kernel_test())
     for rel, (n, make) in new_files.items():
         text, path = make(None), root / rel
         if not path.is_file():
             files[rel] = (None, text)
             continue
         there, raw = _read_lf(path, _MOVE_ASIDE)
-        if rel == KERNEL_TEST and there != text:  # another stage's: the stack moves on
-            renders = {m: render_kernel_test(stage=m) for m in range(1, LAST_STAGE + 1)}
-            if there in [renders[m] for m in renders if m < stage]:
-                files[rel] = (raw, _as_file(text, raw))
-                continue
-            if there in [renders[m] for m in renders if m > stage]:
-                files[rel] = (raw, raw)  # a lower stage changes nothing
-                continue
         if there != text:
             raise UpstreamError(
                 f"{path} is there already and is not the file stage {n} writes "

@@ -36,7 +36,6 @@ except (ImportError, InvalidVersion):
 requires_asm = pytest.mark.skipif(not ASM, reason="needs AITER 0.1.17+, gfx942/gfx950")
 pytestmark = pytest.mark.skipif(not current_platform.is_rocm(), reason="ROCm only")
 DEVICE = "cuda" if ASM else "cpu"  # the builder's host-side tests run anywhere
-AITER = {"amd-aiter": "0.1.17"}  # the version the host tests' builders read
 
 
 @pytest.fixture(autouse=True)
@@ -51,7 +50,8 @@ def gfx942(monkeypatch):
     """Stubs of what the builder reads of the GPU and AITER: gfx942, AITER 0.1.17."""
     monkeypatch.setattr("vllm.platforms.rocm.on_mi3xx", lambda: True)
     real = importlib.metadata.version  # AITER's metadata (AITER itself is not imported)
-    monkeypatch.setattr("importlib.metadata.version", lambda x: AITER.get(x) or real(x))
+    aiter = lambda name: "0.1.17" if name == "amd-aiter" else real(name)  # noqa: E731
+    monkeypatch.setattr("importlib.metadata.version", aiter)
     monkeypatch.setattr(current_platform, "num_compute_units", lambda i=0: 304)
     monkeypatch.setattr(rocm_aiter_ops, "is_mha_enabled", lambda: True)
 
@@ -91,8 +91,8 @@ class Model(torch.nn.Module):
         process_weights_after_loading(self, model, device.device)
         self.attn, names = self.layers[0], [x.layer_name for x in self.layers]
         spec = self.attn.get_kv_cache_spec(self.config)  # the builder first, as in vLLM
-        self.args = (spec, names, self.config, device.device)  # the builder's
-        self.builder = self.attn.attn_backend.get_builder_cls()(*self.args)
+        args = (spec, names, self.config, device.device)
+        self.builder = self.attn.attn_backend.get_builder_cls()(*args)
         shape = (2, blocks, BLOCK, kvh * HEAD)  # 8.6 GB for pages 4 GiB apart
         codes = torch.randint(1, 65, shape, dtype=torch.uint8, device=DEVICE)  # <= 2.0
         codes |= torch.randint_like(codes, 0, 2).bitwise_left_shift_(7)  # never NaN
@@ -106,10 +106,10 @@ class Model(torch.nn.Module):
     def reload(self, *scales):  # new K and V scales through vLLM's in-place reload
         reload_weights(self.config, self, kv_scales(*scales), None, True)
 
-    def run(self, query, meta, out=None, scale=None):  # NaN for vLLM's torch.empty
+    def run(self, query, meta, out=None):  # NaN for vLLM's torch.empty
         out = torch.full_like(query, torch.nan) if out is None else out
         kv, layer = query[:, : self.attn.num_kv_heads], self.attn  # kv: unread
-        layer.impl.forward(layer, query, kv, kv, layer.kv_cache, meta, out, scale)
+        layer.impl.forward(layer, query, kv, kv, layer.kv_cache, meta, out)
         return out
 
 
@@ -133,9 +133,8 @@ def common(seq_lens, pages, query_lens=None, on=DEVICE):  # one query token a re
 @pytest.mark.parametrize("gqa", range(1, 9))
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 def test_every_admitted_gqa_ratio(tmp_path, gqa, dtype):
-    """A step above the cut, then PAD rows of FULL-graph padding, left as they were or
-    written finite (a dynamic quant after attention reads them). K/V scales 0.5/2 (a
-    swap is off 4x, a loss 2x), then V's alone moves, then both: the graph follows."""
+    """A captured step above the cut with PAD rows of FULL-graph padding, replayed after
+    reloads of K/V scales 0.5/2 (a swap is off 4x, a loss 2x), V's alone, then both."""
     import aiter
 
     heads, n = 8 * gqa, 2 * current_platform.num_compute_units() // (8 * gqa) + 1
@@ -160,10 +159,10 @@ def test_every_admitted_gqa_ratio(tmp_path, gqa, dtype):
         with mock.patch.object(rocm_aiter_ops, "pa_fwd_asm", side_effect=RuntimeError):
             hip = model.run(query, eager)[:-PAD].float()  # the reference: HIP's
         out[:-PAD] = torch.nan  # rows the kernel leaves unwritten stay NaN
-        graph.replay()
+        graph.replay()  # padding rows: left as they were, or written finite
         torch.testing.assert_close(out[:-PAD].float(), hip, atol=ASM_MAX * v, rtol=0)
         assert (out[:-PAD] - hip).abs().mean() <= ASM_MEAN * v
-        assert out[-PAD:].isfinite().all()
+        assert out[-PAD:].isfinite().all()  # a dynamic quant after attention reads them
 
 
 @requires_asm
@@ -181,43 +180,20 @@ def test_pages_over_4_gib_apart_read_as_adjacent_ones(tmp_path):
     assert metadata.use_asm_decode and torch.equal(out[0], out[1])
 
 
-def test_the_builder_decides_on_host_integers(tmp_path, gfx942):
-    """asm for more query heads than 2 x CUs, one token a request, no output quant; else
-    HIP. A FULL graph's padding rows get length 1, in the buffer the graphs hold."""
-    model = Model(tmp_path, 16, 8, 3, torch.bfloat16)  # GQA 2
+@pytest.mark.parametrize("no_full", ["PIECEWISE", "NONE"])  # graphs of HIP steps alone
+def test_the_builders_decisions(tmp_path, gfx942, no_full):
+    """asm for one token a request and more query heads than 2 x CUs; FULL-graph padding
+    rows get length 1 in the buffer graphs hold. A reload parting layers that share a
+    table raises under FULL graphs (the default), else logs one error: they run HIP."""
+    model = Model(tmp_path, 16, 8, 3, torch.bfloat16, scales=[(0.5, 1.0)] * 2)  # GQA 2
     n = 2 * current_platform.num_compute_units() // 16  # requests at the cut
-    hip = mock.patch.object(rocm_attn, "chunked_prefill_paged_decode")
     for lens in ([1] * n, [1] * n + [0, 2], [1] * (n + 1) + [0], [1] * (n + 1)):
         step = common([16] * len(lens), [[1, 2]] * len(lens), lens, on="meta")
-        metadata, asm = model.builder.build(0, step), lens == [1] * (n + 1)
-        with hip as stock, mock.patch.object(rocm_aiter_ops, "pa_fwd_asm") as pa:
-            model.run(torch.zeros(sum(lens), 16, HEAD, device=DEVICE), metadata)
-        assert (metadata.use_asm_decode, pa.called, stock.called) == (asm, asm, not asm)
-    k, v = model.builder.build_for_cudagraph_capture(step).asm_scales[model.attn]
-    kw = pa.call_args.kwargs  # the layer's own tables, the ultra-precision kernel
-    assert kw["K_QScale"] is k and kw["V_QScale"] is v and kw["high_precision"] == 2
-    assert kw["block_tables_stride0"] == 3 and len(kw["context_lens"]) == len(kw["Q"])
+        assert model.builder.build(0, step).use_asm_decode is (lens == [1] * (n + 1))
     pad = common([16] * (n + 1) + [0], [[1]] * (n + 2), on="meta")  # a padding row
-    ptr = model.builder.build(0, step).seq_lens.data_ptr()  # graphs read these lengths
+    ptr = model.builder.build_for_cudagraph_capture(step).seq_lens.data_ptr()
     lens = model.builder.build(0, pad).seq_lens  # refilled in place, floored at 1:
     assert lens.data_ptr() == ptr and lens.tolist() == [16] * (n + 1) + [1]  # 0: NaN
-    with hip as stock, mock.patch.object(rocm_aiter_ops, "pa_fwd_asm") as pa:
-        model.run(kw["Q"], metadata, scale=torch.ones(()))  # an output quant fused in
-    assert stock.called and not pa.called
-
-
-@pytest.mark.parametrize("no_full", ["PIECEWISE", "NONE"])  # graphs of HIP steps alone
-def test_a_reload_refills_or_sends_parted_layers_to_hip(tmp_path, gfx942, no_full):
-    """A reload refills the graphs' tables in place; one parting layers that share a
-    table raises under FULL graphs (the default), else logs one error: they run HIP."""
-    model = Model(tmp_path, 16, 8, 3, torch.bfloat16, scales=[(1.0, 1.0)] * 2)
-    n = 2 * current_platform.num_compute_units() // 16 + 1  # requests above the cut
-    step = common([16] * n, [[1]] * n, on="meta")
-    k, v = model.builder.build_for_cudagraph_capture(step).asm_scales[model.attn]
-    model.reload((0.5, 2.0), (0.5, 2.0))
-    model.builder.build(0, step)  # refills the tables the graphs hold, in place
-    assert (k == model.attn._k_scale).all() and (v == model.attn._v_scale).all()
-    assert k.shape == v.shape == (3, 8, BLOCK) and k.dtype == v.dtype == torch.float
     model.reload((0.25, 4.0), (0.5, 4.0))  # layers.0 parts K: HIP; their V moves as one
     graphs = model.config.compilation_config  # vLLM's default: FULL_AND_PIECEWISE
     for mode in ("FULL_AND_PIECEWISE", "FULL_DECODE_ONLY"):  # their graphs may hold asm
@@ -226,39 +202,10 @@ def test_a_reload_refills_or_sends_parted_layers_to_hip(tmp_path, gfx942, no_ful
             model.builder.build(0, step)
     graphs.cudagraph_mode = cfg.CUDAGraphMode[no_full]
     with mock.patch.object(rocm_attn.logger, "error") as error:  # one line
-        metadata = model.builder.build(0, step)
-    [(layer, (k, v))] = metadata.asm_scales.items()
+        [(layer, (k, v))] = model.builder.build(0, step).asm_scales.items()
     assert layer is model.layers[1] and (k == layer._k_scale).all()
+    assert (v == layer._v_scale).all()  # refilled: both layers' V moved as one
     assert error.call_count == 1 and "layers.0 left" in str(error.call_args)
-    hip = mock.patch.object(rocm_attn, "chunked_prefill_paged_decode")
-    with hip as stock, mock.patch.object(rocm_aiter_ops, "pa_fwd_asm") as pa:
-        model.run(torch.zeros(n, 16, HEAD, device=DEVICE), metadata)  # layers.0
-    assert metadata.use_asm_decode and stock.called and not pa.called
-
-
-def test_what_keeps_every_layer_on_hip(tmp_path, gfx942):
-    """No table bound, whatever the step: switch off, AITER off or before 0.1.17, a
-    derived builder, a rejected layer, max_num_seqs at the cut, a fifth scale table."""
-    model = Model(tmp_path, 16, 8, 2, torch.bfloat16, [(1.0, 1.0), (2.0, 4.0)] * 2)
-    n, builder = 2 * current_platform.num_compute_units() // 16, type(model.builder)
-    step = common([16] * (n + 1), [[1]] * (n + 1), on="meta")  # above the cut
-    tables = model.builder.build(0, step).asm_scales.values()  # four, at their scales
-    for layer, (k, v) in zip(model.layers, tables, strict=True):
-        assert (k == layer._k_scale).all() and (v == layer._v_scale).all()
-    gates = [mock.patch.object(model.config, "attention_config", cfg.AttentionConfig())]
-    gates += [mock.patch.object(rocm_aiter_ops, "is_mha_enabled", lambda: None)]
-    gates += [mock.patch.dict(AITER, {"amd-aiter": v}) for v in ("0.1.16.post6", "dev")]
-    gates += [mock.patch("vllm.platforms.rocm.on_mi3xx", lambda: False)]  # the rule: no
-    for gate in gates:  # switch off, AITER off, block ids >= 65536, not PEP 440, gfx
-        with gate:
-            assert not builder(*model.args).build(0, step).asm_scales
-    derived = type("Derived", (builder,), {})  # a backend built on ROCM_ATTN's
-    assert not derived(*model.args).build(0, step).asm_scales
-    for seqs in (n, n + 1):  # n x 16 query heads: the cut
-        with mock.patch.object(model.config.scheduler_config, "max_num_seqs", seqs):
-            assert bool(builder(*model.args).build(0, step).asm_scales) is (seqs > n)
-    model.reload((1.0, 1.0), (2.0, 4.0), (1.0, 1.0), (4.0, 4.0))  # K 4.0: a fifth table
-    assert not builder(*model.args).build(0, step).asm_scales
 
 
 def rule(path, head=HEAD, block=BLOCK, lbhnc=False, mi3xx=True, model=None, n=4, **kw):
@@ -272,18 +219,16 @@ def rule(path, head=HEAD, block=BLOCK, lbhnc=False, mi3xx=True, model=None, n=4,
     return asm_decode_rejections(impl, kv_cache, model, mi3xx)
 
 
-EDGE = dict(num_heads=64, kv_cache_dtype="fp8_e4m3", n=2**22 - 1)  # tables < 2 GiB
-EDGE |= dict(model=dict(dtype=torch.float16, max_model_len=40960), scale=1 / HEAD**0.5)
-WRONG = dict(mi3xx=False, kv_cache_dtype="fp8_e5m2", block=32, head=256, num_heads=72)
-WRONG |= dict(scale=1.001 / 256**0.5, sliding_window=64, lbhnc=True, n=2**22)  # 2 GiB
-WRONG |= dict(alibi_slopes=[0.5] * 72, logits_soft_cap=30.0, sinks=torch.zeros(72))
-WRONG |= dict(model=dict(dtype=torch.float32, max_model_len=40961))
-RULE = {"fp16-e4m3-gqa8-40960": (EDGE, []), "every-clause": (WRONG, 14)}
-RULE |= {"encoder": (dict(attn_type="encoder_only"), ["not decoder self-attention"])}
-RULE |= {"head-64": (dict(head=64, scale=64**-0.5), ["head size 64"])}  # ROCM_ATTN's
-
-
-@pytest.mark.parametrize(("case", "reasons"), RULE.values(), ids=RULE)
-def test_the_rule(tmp_path, case, reasons):
-    found = rule(tmp_path, **case)  # every-clause: 14 distinct reasons, one per clause
-    assert found == reasons if isinstance(reasons, list) else len(set(found)) == reasons
+def test_the_rule(tmp_path):
+    """The edge of every clause admitted; one past it, 14 distinct reasons."""
+    edge = dict(num_heads=64, kv_cache_dtype="fp8_e4m3", n=2**22 - 1)  # tables < 2 GiB
+    edge |= dict(
+        model=dict(dtype=torch.float16, max_model_len=40960), scale=1 / HEAD**0.5
+    )
+    assert rule(tmp_path, **edge) == []
+    wrong = dict(mi3xx=False, kv_cache_dtype="fp8_e5m2", block=32, head=256, n=2**22)
+    wrong |= dict(scale=1.001 / 256**0.5, sliding_window=64, lbhnc=True, num_heads=72)
+    wrong |= dict(alibi_slopes=[0.5] * 72, logits_soft_cap=30.0, sinks=torch.zeros(72))
+    wrong |= dict(model=dict(dtype=torch.float32, max_model_len=40961))
+    assert len(set(rule(tmp_path, **wrong))) == 14
+    assert rule(tmp_path, attn_type="encoder_only") == ["not decoder self-attention"]
