@@ -480,6 +480,27 @@ def test_a_model_directory_given_without_model_is_advised(tmp_path, capsys):
     assert line.endswith(f"(name the model with --model '{tmp_path}/my model')"), line
 
 
+@pytest.mark.parametrize(
+    ("command", "before"),
+    [("bench serve", []), ("bench serve", ["--vllm", "vllm"]), ("check passkey", [])],
+    ids=["bench-serve", "after-an-option-value", "check-passkey"],
+)
+def test_a_model_directory_for_a_command_that_requires_model_is_advised(
+    tmp_path, capsys, command, before
+):
+    """(trial 23) argparse's "required: --model" names the model given without it; a
+    directory given as an option's value is not advised."""
+    (tmp_path / "config.json").write_text("{}")
+    assert run([*command.split(), *before, str(tmp_path)]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.endswith(
+        f"the following arguments are required: --model (name the model with --model {tmp_path})"
+    ), line
+    assert run([*command.split(), "--result-dir", str(tmp_path)]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.endswith("the following arguments are required: --model"), line
+
+
 MODEL_PATHS = {  # each a path the user meant, not a Hugging Face id to download
     "link-to-nothing": ("m/dangling", "--model m/dangling is a link to {tmp}/gone, which "),
     "trailing-slash": ("nodir/", "model directory nodir/ does not exist"),
@@ -1724,6 +1745,11 @@ REMOTE_CODE = {  # (trial 23) what a checkpoint's auto_map code may do, and the 
         (None, "some-org/some-repo--configuration_x.Cfg"),
         "names code on the Hugging Face Hub (its auto_map), which",
     ),
+    "raises": (  # not "vLLM refuses": the checkpoint's code raised it
+        ('raise ValueError("needs flash_attn")\n', "configuration_phi3_v.Cfg"),
+        "'s own code (configuration_phi3_v.py) raised ValueError while vLLM read it: "
+        "needs flash_attn",
+    ),
 }
 
 
@@ -1733,6 +1759,18 @@ def test_what_a_models_own_code_does_is_one_line(tmp_path, capsys, checkpoint, s
     phi3_v(tmp_path, code, auto_config)
     err = _one_line_exit_2(["plan", "--model", str(tmp_path), "--trust-remote-code"], capsys)
     assert says in err, err
+
+
+@pytest.mark.parametrize("trust", [[], ["--trust-remote-code"]], ids=["untrusted", "trusted"])
+def test_a_missing_file_of_a_models_own_code_is_named_at_once(tmp_path, capsys, trust):
+    """(trial 23) Named on the first run, with or without --trust-remote-code (it took
+    two runs: the flag first, then the file)."""
+    phi3_v(tmp_path, code=None)
+    err = _one_line_exit_2(["plan", "--model", str(tmp_path), *trust], capsys)
+    assert err.endswith(
+        f"{tmp_path}'s config.json names its own code in configuration_phi3_v.py (its "
+        "auto_map), which is not beside it: put the checkpoint's .py files there\n"
+    ), err
 
 
 def test_what_a_models_own_code_prints_stays_out_of_json(tmp_path, capsys):

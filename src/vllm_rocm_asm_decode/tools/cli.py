@@ -74,6 +74,8 @@ class _Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> None:  # type: ignore[override]
+        if message.startswith("the following arguments are required: --model"):
+            message += _model_hint(_argv)
         # The line, then its newline: see _OneLineErrors.
         self._print_message(f"{self.prog}: error: {one_line(message)}", sys.stderr)
         self.exit(2, "\n")
@@ -906,6 +908,26 @@ def _glue_serve_args(argv: list[str]) -> list[str]:
     return out
 
 
+#: The command line being parsed, for the advice a usage error gives.
+_argv: list[str] = []
+
+
+def _looks_like_a_model(word: str) -> bool:
+    """A model named as ``vllm serve`` names it: a preset, or a directory with a
+    config.json."""
+    return word in choices.presets() or os.path.isfile(os.path.join(word, "config.json"))
+
+
+def _model_hint(argv: list[str]) -> str:
+    """Advice for a missing ``--model`` when a word of ``argv`` that is no option's value
+    names a model (``bench serve DIR``)."""
+    for before, word in itertools.pairwise(["", *argv]):
+        takes_value = before.startswith("-") and "=" not in before
+        if not word.startswith("-") and not takes_value and _looks_like_a_model(word):
+            return f" (name the model with --model {shlex.quote(word)})"
+    return ""
+
+
 def _stray_hint(argv: list[str], args: argparse.Namespace, stray: str) -> str:
     """Advice for a stray word: one after a ``--serve-arg``, which takes one word
     (``--serve-arg --max-num-seqs 64``), or a model named as ``vllm serve`` takes it,
@@ -919,8 +941,7 @@ def _stray_hint(argv: list[str], args: argparse.Namespace, stray: str) -> str:
                 f"--serve-arg {option} --serve-arg {stray})"
             )
     named = any(arg.split("=")[0] == "--model" for arg in argv)
-    model = stray in choices.presets() or os.path.isfile(os.path.join(stray, "config.json"))
-    if hasattr(args, "model") and not named and model:
+    if hasattr(args, "model") and not named and _looks_like_a_model(stray):
         return f" (name the model with --model {shlex.quote(stray)})"
     return ""
 
@@ -1194,6 +1215,7 @@ def _name(args: argparse.Namespace) -> str:
 def _main(argv: list[str] | None) -> int:
     argv = _glue_serve_args(list(sys.argv[1:] if argv is None else argv))
     _running[:] = _command_words(argv)  # for what --help, while parsing, cannot write
+    _argv[:] = argv
     parser = build_parser()
     if argv and argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version"):
         # Before argparse, which would only miss the command.

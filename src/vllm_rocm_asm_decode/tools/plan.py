@@ -240,6 +240,17 @@ def _model_config(
             ) from exc
         if broken := _broken_json(model_dir):
             raise PlanError(f"vLLM refuses {label}: {broken}") from exc
+        if missing := _missing_code_file(model_dir):
+            raise PlanError(
+                f"{label}'s config.json names its own code in {missing} (its auto_map), "
+                "which is not beside it: put the checkpoint's .py files there"
+            ) from exc
+        if trust_remote_code and (own := _raised_by_own_code(exc)):
+            where, error = own
+            raise PlanError(
+                f"{label}'s own code ({where}) raised {type(error).__name__} while vLLM "
+                f"read it: {first_line(error)}"
+            ) from exc
         remote = ("contains custom code which must be executed", "inspect the repository")
         if not trust_remote_code and any(said in str(exc) for said in remote):
             raise PlanError(
@@ -284,6 +295,43 @@ def _broken_json(model_dir: Path) -> str | None:
             json.loads(path.read_bytes())
         except (OSError, ValueError, RecursionError) as exc:
             return f"its {path.name} is not JSON ({first_line(exc)})"
+    return None
+
+
+def _missing_code_file(model_dir: Path) -> str | None:
+    """The first ``.py`` file config.json's ``auto_map`` names in the checkpoint (not in
+    another Hub repository, ``org/repo--module.Class``) that is not there; None when
+    each is (or config.json cannot tell)."""
+    try:
+        auto_map = json.loads((model_dir / "config.json").read_bytes()).get("auto_map")
+    except (OSError, ValueError, RecursionError, AttributeError):
+        return None
+    if not isinstance(auto_map, dict):
+        return None
+    for value in auto_map.values():
+        for ref in value if isinstance(value, list) else [value]:
+            if isinstance(ref, str) and "--" not in ref and "." in ref:
+                name = ref.rsplit(".", 1)[0].replace(".", "/") + ".py"
+                if not (model_dir / name).is_file():
+                    return name
+    return None
+
+
+def _raised_by_own_code(exc: BaseException) -> tuple[str, BaseException] | None:
+    """The file of a checkpoint's own code (Transformers' ``transformers_modules``) that
+    raised ``exc`` or the error it wraps (pydantic keeps it in the error's context), with
+    that error; None when no such code raised it."""
+    errors = getattr(exc, "errors", None)
+    wrapped: list[BaseException] = [exc]
+    if callable(errors) and type(exc).__name__ == "ValidationError":  # pydantic's
+        with contextlib.suppress(Exception):
+            wrapped += [e["ctx"]["error"] for e in errors() if "error" in e.get("ctx", {})]
+    for error in wrapped:
+        if not isinstance(error, BaseException):
+            continue
+        frames = traceback.extract_tb(error.__traceback__)
+        if frames and "transformers_modules" in Path(frames[-1].filename).parts:
+            return Path(frames[-1].filename).name, error
     return None
 
 
