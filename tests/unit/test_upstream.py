@@ -170,7 +170,7 @@ def test_stage_1_is_about_a_hundred_lines_inside_rocm_attn_py(tree):
     assert "log = logger.warning_once if why else logger.info_once" in text
     # Its test file: ~200 lines, at least 12 tests (docs/upstream.md says what is in it).
     test_file = files[upstream.KERNEL_TEST]
-    assert len(test_file.splitlines()) <= 236 and test_file.count("\ndef test_") >= 4
+    assert len(test_file.splitlines()) <= 257 and test_file.count("\ndef test_") >= 4
 
 
 def test_a_file_where_a_directory_goes_stops_check_and_apply_alike(tree, capsys):
@@ -817,10 +817,10 @@ def test_the_pull_request_texts_are_short_shipped_and_in_the_docs(stage):
         facts += ("0.9239 \u2192 0.9213", "default precision", "40960", "cudagraph_mode=FULL")
         facts += (
             "output_scale",
-            "two at least",
+            "two to four",
             "gqa8",
-            "**Tests** (20, ROCm only; 3 need no GPU)",
-            "one per DBO micro-batch",
+            "**Tests** (21, ROCm only; 4 need no GPU)",
+            "DBO: two builders",
             "17 GPU tests",
         )
         facts += ("Not a duplicate", "AI-assisted", "max_page_id")

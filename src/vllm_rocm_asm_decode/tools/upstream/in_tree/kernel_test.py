@@ -36,6 +36,7 @@ except (ImportError, InvalidVersion):
 requires_asm = pytest.mark.skipif(not ASM, reason="needs AITER 0.1.17+, gfx942/gfx950")
 pytestmark = pytest.mark.skipif(not current_platform.is_rocm(), reason="ROCm only")
 DEVICE = "cuda" if ASM else "cpu"  # the builder's host-side tests run anywhere
+AITER = {"amd-aiter": "0.1.17"}  # the version the host tests' builders read
 
 
 @pytest.fixture(autouse=True)
@@ -50,8 +51,7 @@ def gfx942(monkeypatch):
     """Stubs of what the builder reads of the GPU and AITER: gfx942, AITER 0.1.17."""
     monkeypatch.setattr("vllm.platforms.rocm.on_mi3xx", lambda: True)
     real = importlib.metadata.version  # AITER's metadata (AITER itself is not imported)
-    aiter = lambda name: "0.1.17" if name == "amd-aiter" else real(name)  # noqa: E731
-    monkeypatch.setattr("importlib.metadata.version", aiter)
+    monkeypatch.setattr("importlib.metadata.version", lambda x: AITER.get(x) or real(x))
     monkeypatch.setattr(current_platform, "num_compute_units", lambda i=0: 304)
     monkeypatch.setattr(rocm_aiter_ops, "is_mha_enabled", lambda: True)
 
@@ -91,8 +91,8 @@ class Model(torch.nn.Module):
         process_weights_after_loading(self, model, device.device)
         self.attn, names = self.layers[0], [x.layer_name for x in self.layers]
         spec = self.attn.get_kv_cache_spec(self.config)  # the builder first, as in vLLM
-        args = (spec, names, self.config, device.device)
-        self.builder = self.attn.attn_backend.get_builder_cls()(*args)
+        self.args = (spec, names, self.config, device.device)  # the builder's
+        self.builder = self.attn.attn_backend.get_builder_cls()(*self.args)
         shape = (2, blocks, BLOCK, kvh * HEAD)  # 8.6 GB for pages 4 GiB apart
         codes = torch.randint(1, 65, shape, dtype=torch.uint8, device=DEVICE)  # <= 2.0
         codes |= torch.randint_like(codes, 0, 2).bitwise_left_shift_(7)  # never NaN
@@ -106,10 +106,10 @@ class Model(torch.nn.Module):
     def reload(self, *scales):  # new K and V scales through vLLM's in-place reload
         reload_weights(self.config, self, kv_scales(*scales), None, True)
 
-    def run(self, query, meta, out=None):  # NaN for vLLM's torch.empty
+    def run(self, query, meta, out=None, scale=None):  # NaN for vLLM's torch.empty
         out = torch.full_like(query, torch.nan) if out is None else out
         kv, layer = query[:, : self.attn.num_kv_heads], self.attn  # kv: unread
-        layer.impl.forward(layer, query, kv, kv, layer.kv_cache, meta, out)
+        layer.impl.forward(layer, query, kv, kv, layer.kv_cache, meta, out, scale)
         return out
 
 
@@ -182,9 +182,8 @@ def test_pages_over_4_gib_apart_read_as_adjacent_ones(tmp_path):
 
 @pytest.mark.parametrize("no_full", ["PIECEWISE", "NONE"])  # graphs of HIP steps alone
 def test_the_builders_decisions(tmp_path, gfx942, no_full):
-    """asm for one token a request and more query heads than 2 x CUs; FULL-graph padding
-    rows get length 1 in the buffer graphs hold. A reload parting layers that share a
-    table raises under FULL graphs (the default), else logs one error: they run HIP."""
+    """asm for one token a request above 2 x CUs query heads; padding rows: length 1. A
+    reload parting a table's layers raises under FULL graphs, else they run HIP."""
     model = Model(tmp_path, 16, 8, 3, torch.bfloat16, scales=[(0.5, 1.0)] * 2)  # GQA 2
     n = 2 * current_platform.num_compute_units() // 16  # requests at the cut
     for lens in ([1] * n, [1] * n + [0, 2], [1] * (n + 1) + [0], [1] * (n + 1)):
@@ -208,6 +207,28 @@ def test_the_builders_decisions(tmp_path, gfx942, no_full):
     assert error.call_count == 1 and "layers.0 left" in str(error.call_args)
 
 
+def test_what_keeps_every_layer_on_hip(tmp_path, gfx942):
+    """No table, so HIP whatever the step: switch off, AITER's MHA off, AITER before
+    0.1.17 or of no version, a derived builder. An output quant fused in: HIP."""
+    model = Model(tmp_path, 16, 8, 3, torch.bfloat16)
+    n, builder = 2 * current_platform.num_compute_units() // 16 + 1, type(model.builder)
+    step = common([16] * n, [[1]] * n, on="meta")  # above the cut
+    gates = [mock.patch.object(model.config, "attention_config", cfg.AttentionConfig())]
+    gates += [mock.patch.object(rocm_aiter_ops, "is_mha_enabled", lambda: None)]
+    gates += [mock.patch.dict(AITER, {"amd-aiter": v}) for v in ("0.1.16.post6", "dev")]
+    for gate in gates:
+        with gate:
+            assert not builder(*model.args).build(0, step).asm_scales
+    derived = type("Derived", (builder,), {})  # a backend built on ROCM_ATTN's
+    assert not derived(*model.args).build(0, step).asm_scales
+    metadata = model.builder.build(0, step)
+    hip = mock.patch.object(rocm_attn, "chunked_prefill_paged_decode")
+    query, quant = torch.zeros(n, 16, HEAD, device=DEVICE), torch.ones(())  # fused in
+    with hip as stock, mock.patch.object(rocm_aiter_ops, "pa_fwd_asm") as pa:
+        model.run(query, metadata, scale=quant)
+    assert metadata.use_asm_decode and stock.called and not pa.called
+
+
 def rule(path, head=HEAD, block=BLOCK, lbhnc=False, mi3xx=True, model=None, n=4, **kw):
     kw = dict(num_heads=40, num_kv_heads=8, scale=HEAD**-0.5, kv_cache_dtype="fp8") | kw
     kw = dict(alibi_slopes=None, sliding_window=None) | kw
@@ -221,10 +242,10 @@ def rule(path, head=HEAD, block=BLOCK, lbhnc=False, mi3xx=True, model=None, n=4,
 
 def test_the_rule(tmp_path):
     """The edge of every clause admitted; one past it, 14 distinct reasons."""
-    edge = dict(num_heads=64, kv_cache_dtype="fp8_e4m3", n=2**22 - 1)  # tables < 2 GiB
-    edge |= dict(
-        model=dict(dtype=torch.float16, max_model_len=40960), scale=1 / HEAD**0.5
+    edge = dict(
+        num_heads=64, kv_cache_dtype="fp8_e4m3", n=2**22 - 1, scale=1 / 128**0.5
     )
+    edge |= dict(model=dict(dtype=torch.float16, max_model_len=40960))  # tables < 2 GiB
     assert rule(tmp_path, **edge) == []
     wrong = dict(mi3xx=False, kv_cache_dtype="fp8_e5m2", block=32, head=256, n=2**22)
     wrong |= dict(scale=1.001 / 256**0.5, sliding_window=64, lbhnc=True, num_heads=72)
