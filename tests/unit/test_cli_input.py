@@ -1747,8 +1747,23 @@ REMOTE_CODE = {  # (trial 23) what a checkpoint's auto_map code may do, and the 
     ),
     "raises": (  # not "vLLM refuses": the checkpoint's code raised it
         ('raise ValueError("needs flash_attn")\n', "configuration_phi3_v.Cfg"),
-        "'s own code (configuration_phi3_v.py) raised ValueError while vLLM read it: "
-        "needs flash_attn",
+        "'s own code (configuration_phi3_v.py) raised ValueError: needs flash_attn",
+    ),
+    "does-not-parse": (
+        ("def (:\n", "configuration_phi3_v.Cfg"),
+        "'s own code, as config.json's auto_map names it, could not be loaded: SyntaxError",
+    ),
+    "names-no-class-there": (
+        ("x = 1\n", "configuration_phi3_v.Cfg"),
+        "could not be loaded: AttributeError: module 'transformers_modules.",
+    ),
+    "raises-a-base-exception": (
+        ('raise GeneratorExit("odd")\n', "configuration_phi3_v.Cfg"),
+        "'s own code raised GeneratorExit: odd",
+    ),
+    "auto-map-names-no-module": (
+        (None, "Cfg"),
+        "config.json: auto_map names 'Cfg', not a module.Class",
     ),
 }
 
@@ -1773,15 +1788,37 @@ def test_a_missing_file_of_a_models_own_code_is_named_at_once(tmp_path, capsys, 
     ), err
 
 
-def test_what_a_models_own_code_prints_stays_out_of_json(tmp_path, capsys):
-    """(trial 23) plan --json's stdout is the JSON object alone."""
-    phi3_v(
-        tmp_path,
-        PHI3_V_CONFIG.replace("class Phi3VConfig", 'print("hello")\n\n\nclass Phi3VConfig'),
-    )
-    assert main(["plan", "--model", str(tmp_path), "--trust-remote-code", "--json"]) == 0
-    out, err = capsys.readouterr()
-    assert json.loads(out)["model"] == str(tmp_path) and "hello" in err
+@pytest.mark.slow  # the installed command, in a process of its own; a minute of retries
+def test_hub_code_that_cannot_be_reached_online_is_not_told_to_go_online(tmp_path):
+    """(trial 24) With HF_HUB_OFFLINE=0 already, the line says the Hub cannot be reached
+    (it said to set HF_HUB_OFFLINE=0)."""
+    phi3_v(tmp_path, None, "some-org/some-repo--configuration_x.Cfg")
+    exe = Path(sys.executable).with_name("vllm-rocm-asm-decode")
+    argv = [str(exe), "plan", "--model", str(tmp_path), "--trust-remote-code"]
+    emulation = ("PYTHONPATH", "VLLM_LOGGING_LEVEL", "HIP_VISIBLE_DEVICES")  # a user's
+    env = {k: v for k, v in os.environ.items() if k not in emulation}
+    env |= {"HF_HUB_OFFLINE": "0", "HF_ENDPOINT": "http://127.0.0.1:9"}  # no Hub either
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.endswith(
+        "(its auto_map), which plan could not download: http://127.0.0.1:9 cannot be "
+        "reached from here\n"
+    ), done.stderr
+
+
+@pytest.mark.slow  # the installed command, in a process of its own
+def test_what_a_models_own_code_prints_stays_out_of_json(tmp_path):
+    """(trials 23, 24) plan --json's stdout is the JSON object alone: print, a write to
+    file descriptor 1 and a process the code starts go to stderr."""
+    prints = 'import os, subprocess\nprint("hello")\nos.write(1, b"raw\\n")\n'
+    prints += 'subprocess.run(["echo", "child"])\n'
+    phi3_v(tmp_path, PHI3_V_CONFIG.replace("class Phi3VConfig", prints + "class Phi3VConfig"))
+    exe = Path(sys.executable).with_name("vllm-rocm-asm-decode")
+    argv = [str(exe), "plan", "--model", str(tmp_path), "--trust-remote-code", "--json"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["model"] == str(tmp_path)
+    assert all(said in done.stderr for said in ("hello", "raw", "child")), done.stderr
 
 
 @pytest.mark.parametrize("kind", ["fifo", "directory"])

@@ -1062,6 +1062,26 @@ def test_in_a_git_checkout_the_hint_is_gits_checkout(tree, capsys):
         assert code == 2 and f"(git -C {tree} checkout -- {upstream.ROCM_ATTN})" in err, err
 
 
+def test_on_a_branch_that_committed_an_older_stage_the_hint_names_the_release_tag(tree, capsys):
+    """(trial 24) The stage committed by an older ``upstream``: ``git checkout -- FILE``
+    would give back the committed file, so the hint checks vLLM's own out of the tag."""
+    git = ["git", "-C", str(tree), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(["git", "init", "-q", str(tree)], check=True)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-qm", "vLLM"], check=True)
+    subprocess.run([*git, "tag", "v0.33.0"], check=True)
+    upstream.apply(tree)
+    path = tree / upstream.ROCM_ATTN
+    path.write_text(path.read_text().replace("_ASM_MAX_GQA = 8", "_ASM_MAX_GQA = 9"))
+    subprocess.run([*git, "commit", "-qam", "stage 1, edited"], check=True)
+    code, _, err = run(capsys, str(tree), "--check")
+    assert code == 2, err
+    assert f"(git -C {tree} checkout v0.33.0 -- {upstream.ROCM_ATTN}, vLLM's release tag)" in err
+    subprocess.run([*git, "tag", "-d", "v0.33.0"], check=True, capture_output=True)
+    code, _, err = run(capsys, str(tree), "--check")
+    assert f"checkout <the commit before the change> -- {upstream.ROCM_ATTN}; it is" in err
+
+
 @pytest.mark.parametrize(
     ("rel", "stage"),
     [(upstream.KERNEL_TEST, "1"), (upstream.SCALE_TABLES, "3")],

@@ -205,12 +205,12 @@ def _model_config(
     language_model_only: bool = False,
     trust_remote_code: bool = False,
 ):
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    offline = os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from vllm.config import ModelConfig
 
     def read(skip_tokenizer_init: bool):
         # A checkpoint's own code (--trust-remote-code) may print: not into --json.
-        with _one_voice(), contextlib.redirect_stdout(sys.stderr):
+        with _one_voice(), _stdout_to_stderr():
             return ModelConfig(
                 model=str(model_dir),
                 skip_tokenizer_init=skip_tokenizer_init,
@@ -231,6 +231,8 @@ def _model_config(
             return read(skip_tokenizer_init=False)
     except SystemExit as exc:  # a checkpoint's own code that exits
         raise PlanError(f"{label}'s own code exited ({exc.code}) while vLLM read it") from exc
+    except KeyboardInterrupt:
+        raise
     except Exception as exc:  # vLLM's own validation errors, unreadable configs
         if _in_dtype_fallback(exc):
             raise PlanError(
@@ -245,23 +247,34 @@ def _model_config(
                 f"{label}'s config.json names its own code in {missing} (its auto_map), "
                 "which is not beside it: put the checkpoint's .py files there"
             ) from exc
-        if trust_remote_code and (own := _raised_by_own_code(exc)):
-            where, error = own
-            raise PlanError(
-                f"{label}'s own code ({where}) raised {type(error).__name__} while vLLM "
-                f"read it: {first_line(error)}"
-            ) from exc
+        if bad := _bad_auto_map(model_dir):
+            raise PlanError(f"{label}'s config.json: {bad}") from exc
         remote = ("contains custom code which must be executed", "inspect the repository")
         if not trust_remote_code and any(said in str(exc) for said in remote):
             raise PlanError(
                 f"{label} needs its own Python code to be read (config.json's auto_map): "
                 "give --trust-remote-code to run it, as vllm serve takes it"
             ) from exc
-        if trust_remote_code and "couldn't connect to 'https://huggingface.co'" in str(exc):
+        hub = _HUB_UNREACHED.search(str(exc))
+        if trust_remote_code and hub:
+            code = f"{label}'s config.json names code on the Hugging Face Hub (its auto_map)"
+            if offline.strip().upper() in ("1", "ON", "YES", "TRUE"):  # as the Hub reads it
+                raise PlanError(
+                    f"{code}, which plan, reading offline (HF_HUB_OFFLINE={offline}), does "
+                    "not download: set HF_HUB_OFFLINE=0 to let it"
+                ) from exc
             raise PlanError(
-                f"{label}'s config.json names code on the Hugging Face Hub (its auto_map), "
-                "which plan, reading offline, does not download: set HF_HUB_OFFLINE=0 to let it"
+                f"{code}, which plan could not download: {hub[1]} cannot be reached from here"
             ) from exc
+        if trust_remote_code and (own := _raised_by_own_code(exc)):
+            where, error = own
+            said = f"{type(error).__name__}: {first_line(error)}"
+            if where is None:
+                raise PlanError(
+                    f"{label}'s own code, as config.json's auto_map names it, could not be "
+                    f"loaded: {said}"
+                ) from exc
+            raise PlanError(f"{label}'s own code ({where}) raised {said}") from exc
         if missing := _processor_missing(exc):
             raise PlanError(
                 f"{label} is a multimodal model whose processor vLLM reads to configure "
@@ -276,7 +289,34 @@ def _model_config(
                 f"--max-model-len {longest[2]} or less"
             ) from exc
         raise PlanError(f"vLLM refuses {label}: {_what_is_wrong(exc)}") from exc
+    except BaseException as exc:  # a checkpoint's own code's (GeneratorExit, ...)
+        raise PlanError(
+            f"{label}'s own code raised {type(exc).__name__}: {first_line(exc)}"
+        ) from exc
 
+
+@contextlib.contextmanager
+def _stdout_to_stderr() -> Iterator[None]:
+    """Whatever is written to stdout while this runs goes to stderr: ``print`` and
+    writes to file descriptor 1 alike (a checkpoint's own code, a process it starts), so
+    that ``--json``'s stdout holds the JSON alone."""
+    sys.stdout.flush()
+    try:
+        saved = os.dup(1)
+        os.dup2(2, 1)
+    except OSError:  # stdout or stderr closed: print's redirect alone
+        saved = None
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        if saved is not None:
+            os.dup2(saved, 1)
+            os.close(saved)
+
+
+#: huggingface_hub's error for a download it could not make: the endpoint it tried.
+_HUB_UNREACHED = re.compile(r"couldn't connect to '([^']+)'")
 
 #: vLLM's refusal of a --max-model-len above the model's: the key and its value.
 _LONGER_THAN_THE_MODEL = re.compile(
@@ -310,17 +350,43 @@ def _missing_code_file(model_dir: Path) -> str | None:
         return None
     for value in auto_map.values():
         for ref in value if isinstance(value, list) else [value]:
-            if isinstance(ref, str) and "--" not in ref and "." in ref:
-                name = ref.rsplit(".", 1)[0].replace(".", "/") + ".py"
+            if isinstance(ref, str) and _LOCAL_CLASS.fullmatch(ref):
+                name = ref.split(".")[0] + ".py"
                 if not (model_dir / name).is_file():
                     return name
     return None
 
 
-def _raised_by_own_code(exc: BaseException) -> tuple[str, BaseException] | None:
-    """The file of a checkpoint's own code (Transformers' ``transformers_modules``) that
-    raised ``exc`` or the error it wraps (pydantic keeps it in the error's context), with
-    that error; None when no such code raised it."""
+#: An auto_map entry naming a class of the checkpoint's own module (``module.Class``), as
+#: Transformers reads one: one dot, no other repository (``org/repo--module.Class``).
+_LOCAL_CLASS = re.compile(r"[A-Za-z_][\w-]*\.[A-Za-z_]\w*")
+
+
+def _bad_auto_map(model_dir: Path) -> str | None:
+    """What is wrong with config.json's ``auto_map`` in shape: not a mapping of names to
+    ``module.Class`` strings (or lists of them, a tokenizer's); None when it is fine or
+    absent."""
+    try:
+        config = json.loads((model_dir / "config.json").read_bytes())
+    except (OSError, ValueError, RecursionError):
+        return None
+    if not isinstance(config, dict) or "auto_map" not in config:
+        return None
+    auto_map = config["auto_map"]
+    refs = list(auto_map.values()) if isinstance(auto_map, dict) else [auto_map]
+    refs = [r for ref in refs for r in (ref if isinstance(ref, list) else [ref])]
+    if isinstance(auto_map, dict) and all(r is None or isinstance(r, str) for r in refs):
+        bad = [r for r in refs if isinstance(r, str) and "." not in r.split("--")[-1]]
+        return f"auto_map names {bad[0]!r}, not a module.Class" if bad else None
+    shown = json.dumps(auto_map)[:60]
+    return f"auto_map is {shown}, not a mapping of Auto classes to module.Class names"
+
+
+def _raised_by_own_code(exc: BaseException) -> tuple[str | None, BaseException] | None:
+    """Where a checkpoint's own code failed, with the error: its file (Transformers'
+    ``transformers_modules``) when it raised ``exc`` or the error ``exc`` wraps (pydantic
+    keeps it in the error's context), or None for the file when loading the code failed
+    (Transformers' ``dynamic_module_utils``); None when neither."""
     errors = getattr(exc, "errors", None)
     wrapped: list[BaseException] = [exc]
     if callable(errors) and type(exc).__name__ == "ValidationError":  # pydantic's
@@ -329,9 +395,13 @@ def _raised_by_own_code(exc: BaseException) -> tuple[str, BaseException] | None:
     for error in wrapped:
         if not isinstance(error, BaseException):
             continue
-        frames = traceback.extract_tb(error.__traceback__)
-        if frames and "transformers_modules" in Path(frames[-1].filename).parts:
-            return Path(frames[-1].filename).name, error
+        files = [Path(f.filename) for f in traceback.extract_tb(error.__traceback__)]
+        if isinstance(error, SyntaxError) and error.filename:
+            files.append(Path(error.filename))
+        if files and "transformers_modules" in files[-1].parts:
+            return files[-1].name, error
+        if any(f.name == "dynamic_module_utils.py" for f in files):
+            return None, error
     return None
 
 

@@ -107,12 +107,21 @@ def _parse(text: str) -> ast.Module:
 class Source:
     """One file's text with AST-located edits."""
 
-    def __init__(self, path: Path, text: str, root: Path | None = None, git: bool = True) -> None:
+    def __init__(
+        self,
+        path: Path,
+        text: str,
+        root: Path | None = None,
+        git: bool = True,
+        restore: str | None = None,
+    ) -> None:
         #: The file as errors name it: ``root / path`` when the tree's ``root`` is given.
         self.path = path if root is None else root / path
-        #: How to put vLLM's own file back: git's checkout in a git work tree (``git``),
-        #: else a fresh copy.
-        if not git:
+        #: How to put vLLM's own file back: ``restore`` when given, else git's checkout in
+        #: a git work tree (``git``), else a fresh copy.
+        if restore is not None:
+            self.restore = restore
+        elif not git:
             self.restore = f"copy {path} from an unmodified vLLM 0.33.x"
         elif root is None or root == Path("."):
             self.restore = f"git checkout -- {path}"
