@@ -472,10 +472,11 @@ def test_a_flags_extra_value_gets_no_model_advice(argv, capsys):
     assert line.endswith(f"plan: error: unrecognized arguments: {argv[-1]}"), line
 
 
-def test_a_model_directory_given_without_model_is_advised(tmp_path, capsys):
+@pytest.mark.parametrize("before", [[], ["--"]], ids=["bare", "after-double-dash"])
+def test_a_model_directory_given_without_model_is_advised(tmp_path, capsys, before):
     (tmp_path / "my model").mkdir()
     (tmp_path / "my model" / "config.json").write_text("{}")
-    assert run(["plan", str(tmp_path / "my model")]) == 2
+    assert run(["plan", *before, str(tmp_path / "my model")]) == 2
     (line,) = capsys.readouterr().err.splitlines()
     assert line.endswith(f"(name the model with --model '{tmp_path}/my model')"), line
 

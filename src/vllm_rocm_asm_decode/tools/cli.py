@@ -1222,7 +1222,8 @@ def _main(argv: list[str] | None) -> int:
         parser.error(f"unrecognized arguments: {argv[0]} (give a command first; see --help)")
     args, extra = parser.parse_known_args(argv)
     if extra:  # said by the subcommand's parser, so the line names the subcommand
-        said = f"unrecognized arguments: {' '.join(extra)}{_stray_hint(argv, args, extra[0])}"
+        stray = next((word for word in extra if word != "--"), extra[0])
+        said = f"unrecognized arguments: {' '.join(extra)}{_stray_hint(argv, args, stray)}"
         _leaf_parser(parser, args).error(said)
     name = _name(args)
     _running[:] = name.split()
