@@ -304,8 +304,8 @@ _BUILD_DECIDE = """\
 """
 
 _FORWARD_ASM = """\
-        asm = attn_metadata.use_asm_decode and output_scale is None  # no quant fused
-        if asm and (scales := (attn_metadata.asm_scales or {}).get(layer)):
+        scales = (attn_metadata.asm_scales or {}).get(layer)
+        if attn_metadata.use_asm_decode and scales and output_scale is None:
             rocm_aiter_ops.pa_fwd_asm(
                 Q=query[:num_actual_tokens],
                 K=key_cache,

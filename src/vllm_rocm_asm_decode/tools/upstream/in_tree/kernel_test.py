@@ -190,10 +190,11 @@ def test_the_builders_decisions(tmp_path, gfx942, no_full):
         step = common([16] * len(lens), [[1, 2]] * len(lens), lens, on="meta")
         assert model.builder.build(0, step).use_asm_decode is (lens == [1] * (n + 1))
     pad = common([16] * (n + 1) + [0], [[1]] * (n + 2), on="meta")  # a padding row
-    ptr = model.builder.build_for_cudagraph_capture(step).seq_lens.data_ptr()
-    lens = model.builder.build(0, pad).seq_lens  # refilled in place, floored at 1:
-    assert lens.data_ptr() == ptr and lens.tolist() == [16] * (n + 1) + [1]  # 0: NaN
-    model.reload((0.25, 4.0), (0.5, 4.0))  # layers.0 parts K: HIP; their V moves as one
+    captured = model.builder.build_for_cudagraph_capture(step)  # what graphs hold
+    lens = model.builder.build(0, pad).seq_lens  # refilled in place, floored at 1
+    assert lens.data_ptr() == captured.seq_lens.data_ptr()
+    assert lens.tolist() == [16] * (n + 1) + [1]  # 0 may come out as NaN
+    model.reload((0.25, 4.0), (0.5, 4.0))  # layers.0 parts K: HIP; their V table moves
     graphs = model.config.compilation_config  # vLLM's default: FULL_AND_PIECEWISE
     for mode in ("FULL_AND_PIECEWISE", "FULL_DECODE_ONLY"):  # their graphs may hold asm
         graphs.cudagraph_mode = cfg.CUDAGraphMode[mode]
@@ -203,13 +204,14 @@ def test_the_builders_decisions(tmp_path, gfx942, no_full):
     with mock.patch.object(rocm_attn.logger, "error") as error:  # one line
         [(layer, (k, v))] = model.builder.build(0, step).asm_scales.items()
     assert layer is model.layers[1] and (k == layer._k_scale).all()
-    assert (v == layer._v_scale).all()  # refilled: both layers' V moved as one
+    assert v is captured.asm_scales[layer][1] and (v == layer._v_scale).all()
     assert error.call_count == 1 and "layers.0 left" in str(error.call_args)
 
 
 def test_what_keeps_every_layer_on_hip(tmp_path, gfx942):
     """No table, so HIP whatever the step: switch off, AITER's MHA off, AITER before
-    0.1.17 or of no version, a derived builder. An output quant fused in: HIP."""
+    0.1.17 or of no version, a derived builder. An output quant fused in: HIP; else asm,
+    the ultra-precision kernel on the layer's K and V tables."""
     model = Model(tmp_path, 16, 8, 3, torch.bfloat16)
     n, builder = 2 * current_platform.num_compute_units() // 16 + 1, type(model.builder)
     step = common([16] * n, [[1]] * n, on="meta")  # above the cut
@@ -227,6 +229,10 @@ def test_what_keeps_every_layer_on_hip(tmp_path, gfx942):
     with hip as stock, mock.patch.object(rocm_aiter_ops, "pa_fwd_asm") as pa:
         model.run(query, metadata, scale=quant)
     assert metadata.use_asm_decode and stock.called and not pa.called
+    with mock.patch.object(rocm_aiter_ops, "pa_fwd_asm") as pa:  # no quant: asm
+        model.run(query, metadata)
+    kw, (k, v) = pa.call_args.kwargs, metadata.asm_scales[model.attn]  # the layer's
+    assert kw["K_QScale"] is k and kw["V_QScale"] is v and kw["high_precision"] == 2
 
 
 def rule(path, head=HEAD, block=BLOCK, lbhnc=False, mi3xx=True, model=None, n=4, **kw):
