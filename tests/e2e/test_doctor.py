@@ -437,11 +437,16 @@ def test_a_bad_logging_level_is_a_failed_check(aiter_version, monkeypatch, level
     assert f"FAIL  logging-level        {says}" in doctor.render(report)
 
 
-def test_a_good_logging_level_passes(aiter_version, monkeypatch):
+@pytest.mark.parametrize(
+    ("level", "logs_at"),
+    [("warning", "WARNING"), ("warn", "WARNING"), ("NOTSET", "WARNING"), ("fatal", "CRITICAL")],
+)
+def test_a_good_logging_level_passes(aiter_version, monkeypatch, level, logs_at):
+    """(trial 24) NOTSET defers to the root logger, WARNING; WARN and FATAL are aliases."""
     aiter_version("0.1.20")
-    monkeypatch.setenv("VLLM_LOGGING_LEVEL", "warning")
+    monkeypatch.setenv("VLLM_LOGGING_LEVEL", level)
     check = {c.name: c for c in doctor.environment().checks}["logging-level"]
-    assert check.ok and check.detail == "VLLM_LOGGING_LEVEL='warning': vLLM logs at WARNING"
+    assert check.ok and check.detail == f"VLLM_LOGGING_LEVEL={level!r}: vLLM logs at {logs_at}"
 
 
 @pytest.mark.slow  # a second whole self-test

@@ -21,6 +21,7 @@ included.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from collections.abc import Callable
@@ -236,8 +237,10 @@ def _checks_without_vllm() -> list[Check]:
     elif level is None:
         level_check = Check("logging-level", True, "VLLM_LOGGING_LEVEL unset: vLLM logs at INFO")
     else:
+        # NOTSET defers to the root logger (WARNING); WARN and FATAL are other names.
+        name = logging.getLevelName(logging.getLevelName(level.upper()) or logging.WARNING)
         level_check = Check(
-            "logging-level", True, f"VLLM_LOGGING_LEVEL={level!r}: vLLM logs at {level.upper()}"
+            "logging-level", True, f"VLLM_LOGGING_LEVEL={level!r}: vLLM logs at {name}"
         )
     return [settings_check, level_check]
 
