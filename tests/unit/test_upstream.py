@@ -123,7 +123,15 @@ def test_stage_3_stacked_on_stage_1_writes_what_it_writes_at_once(tree, tmp_path
     assert snapshot(tree) == snapshot(at_once)
 
 
-@pytest.mark.parametrize("stage", ["0", "-1", "+2", "4", "two", "", "\u0662"])
+@pytest.mark.parametrize("given", ["+1", " 1 ", "01"], ids=["sign", "spaces", "zero"])
+def test_a_stage_is_a_number_as_every_number_here(given):
+    """(trial 24) A sign and spaces around the digits, as usage.md says of numbers."""
+    from vllm_rocm_asm_decode.tools import cli
+
+    assert cli.build_parser().parse_args(["upstream", ".", "--stage", given]).stage == 1
+
+
+@pytest.mark.parametrize("stage", ["0", "-1", "+4", "4", "two", "", "\u0662", "1.0"])
 def test_a_stage_that_is_not_there_is_one_line(tree, capsys, stage):
     with pytest.raises(SystemExit) as exit_:
         main(["upstream", str(tree), "--stage", stage])

@@ -314,7 +314,8 @@ def _docstring(source: str) -> str:
 def _stage(text: str) -> int:
     from .upstream.stages import STAGES
 
-    if text.strip() not in {str(n) for n in STAGES}:  # 1, 2, 3: no sign, no other digits
+    # As every number here: ASCII digits, a sign and spaces around them allowed.
+    if not re.fullmatch(r"\s*\+?[0-9]+\s*", text) or int(text) not in STAGES:
         raise argparse.ArgumentTypeError(f"{text!r}: choose 1 to {max(STAGES)}")
     return int(text)
 
