@@ -242,13 +242,8 @@ def _model_config(
             ) from exc
         if broken := _broken_json(model_dir):
             raise PlanError(f"vLLM refuses {label}: {broken}") from exc
-        if missing := _missing_code_file(model_dir):
-            raise PlanError(
-                f"{label}'s config.json names its own code in {missing} (its auto_map), "
-                "which is not beside it: put the checkpoint's .py files there"
-            ) from exc
-        if bad := _bad_auto_map(model_dir):
-            raise PlanError(f"{label}'s config.json: {bad}") from exc
+        if problem := _auto_map_problem(model_dir):
+            raise PlanError(f"{label}'s config.json{problem}") from exc
         remote = ("contains custom code which must be executed", "inspect the repository")
         if not trust_remote_code and any(said in str(exc) for said in remote):
             raise PlanError(
@@ -338,34 +333,11 @@ def _broken_json(model_dir: Path) -> str | None:
     return None
 
 
-def _missing_code_file(model_dir: Path) -> str | None:
-    """The first ``.py`` file config.json's ``auto_map`` names in the checkpoint (not in
-    another Hub repository, ``org/repo--module.Class``) that is not there; None when
-    each is (or config.json cannot tell)."""
-    try:
-        auto_map = json.loads((model_dir / "config.json").read_bytes()).get("auto_map")
-    except (OSError, ValueError, RecursionError, AttributeError):
-        return None
-    if not isinstance(auto_map, dict):
-        return None
-    for value in auto_map.values():
-        for ref in value if isinstance(value, list) else [value]:
-            if isinstance(ref, str) and _LOCAL_CLASS.fullmatch(ref):
-                name = ref.split(".")[0] + ".py"
-                if not (model_dir / name).is_file():
-                    return name
-    return None
-
-
-#: An auto_map entry naming a class of the checkpoint's own module (``module.Class``), as
-#: Transformers reads one: one dot, no other repository (``org/repo--module.Class``).
-_LOCAL_CLASS = re.compile(r"[A-Za-z_][\w-]*\.[A-Za-z_]\w*")
-
-
-def _bad_auto_map(model_dir: Path) -> str | None:
-    """What is wrong with config.json's ``auto_map`` in shape: not a mapping of names to
-    ``module.Class`` strings (or lists of them, a tokenizer's); None when it is fine or
-    absent."""
+def _auto_map_problem(model_dir: Path) -> str | None:
+    """What is wrong with config.json's ``auto_map``, said after "X's config.json": a
+    ``.py`` file it names in the checkpoint that is not there, or a shape Transformers
+    cannot read (not a mapping of names to ``module.Class`` strings, or lists of them, a
+    tokenizer's); None when it is fine, absent, or config.json cannot tell."""
     try:
         config = json.loads((model_dir / "config.json").read_bytes())
     except (OSError, ValueError, RecursionError):
@@ -375,11 +347,24 @@ def _bad_auto_map(model_dir: Path) -> str | None:
     auto_map = config["auto_map"]
     refs = list(auto_map.values()) if isinstance(auto_map, dict) else [auto_map]
     refs = [r for ref in refs for r in (ref if isinstance(ref, list) else [ref])]
-    if isinstance(auto_map, dict) and all(r is None or isinstance(r, str) for r in refs):
-        bad = [r for r in refs if isinstance(r, str) and "." not in r.split("--")[-1]]
-        return f"auto_map names {bad[0]!r}, not a module.Class" if bad else None
-    shown = json.dumps(auto_map)[:60]
-    return f"auto_map is {shown}, not a mapping of Auto classes to module.Class names"
+    if not isinstance(auto_map, dict) or not all(r is None or isinstance(r, str) for r in refs):
+        shown = json.dumps(auto_map)[:60]
+        return f": auto_map is {shown}, not a mapping of Auto classes to module.Class names"
+    for ref in refs:  # the checkpoint's own module, not another repository's
+        if isinstance(ref, str) and _LOCAL_CLASS.fullmatch(ref):
+            name = ref.split(".")[0] + ".py"
+            if not (model_dir / name).is_file():
+                return (
+                    f" names its own code in {name} (its auto_map), which is not beside it: "
+                    "put the checkpoint's .py files there"
+                )
+    bad = [r for r in refs if isinstance(r, str) and "." not in r.split("--")[-1]]
+    return f": auto_map names {bad[0]!r}, not a module.Class" if bad else None
+
+
+#: An auto_map entry naming a class of the checkpoint's own module (``module.Class``), as
+#: Transformers reads one: one dot, no other repository (``org/repo--module.Class``).
+_LOCAL_CLASS = re.compile(r"[A-Za-z_][\w-]*\.[A-Za-z_]\w*")
 
 
 def _raised_by_own_code(exc: BaseException) -> tuple[str | None, BaseException] | None:
@@ -387,11 +372,8 @@ def _raised_by_own_code(exc: BaseException) -> tuple[str | None, BaseException] 
     ``transformers_modules``) when it raised ``exc`` or the error ``exc`` wraps (pydantic
     keeps it in the error's context), or None for the file when loading the code failed
     (Transformers' ``dynamic_module_utils``); None when neither."""
-    errors = getattr(exc, "errors", None)
-    wrapped: list[BaseException] = [exc]
-    if callable(errors) and type(exc).__name__ == "ValidationError":  # pydantic's
-        with contextlib.suppress(Exception):
-            wrapped += [e["ctx"]["error"] for e in errors() if "error" in e.get("ctx", {})]
+    errors = _validation_errors(exc)  # pydantic keeps the error it wraps in its context
+    wrapped = [exc, *(e["ctx"]["error"] for e in errors if "error" in e.get("ctx", {}))]
     for error in wrapped:
         if not isinstance(error, BaseException):
             continue
@@ -420,14 +402,25 @@ _STRICT_FIELD = re.compile(r"Validation error for field '(\w+)':")
 _CLASS_NAME = re.compile(r"<class '(?:[\w.]+\.)?(\w+)'>")
 
 
+def _validation_errors(exc: BaseException) -> list[dict]:
+    """pydantic's errors when ``exc`` is its ValidationError (vLLM's config classes
+    raise one), else none."""
+    errors = getattr(exc, "errors", None)
+    if not (callable(errors) and type(exc).__name__ == "ValidationError"):
+        return []
+    try:
+        return [e for e in errors() if isinstance(e, dict)]
+    except Exception:  # an error object that cannot list its errors
+        return []
+
+
 def _what_is_wrong(exc: BaseException) -> str:
     """The one line of a vLLM (pydantic) or Transformers config error that says what is
     wrong with which field: not pydantic's ``1 validation error for ModelConfig`` header,
     the field alone, nor transformers' retry advice."""
-    errors = getattr(exc, "errors", None)
-    if callable(errors) and type(exc).__name__ == "ValidationError":  # pydantic's
+    if errors := _validation_errors(exc):
         with contextlib.suppress(Exception):
-            first = errors()[0]
+            first = errors[0]
             message = str(first["msg"]).strip().splitlines()[0]
             for prefix in ("Value error,", "Assertion failed,"):
                 if message.startswith(prefix):
