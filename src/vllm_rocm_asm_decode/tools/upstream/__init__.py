@@ -208,18 +208,16 @@ def _git(root: Path, *args: str) -> str | None:
     return done.stdout.strip() if done.returncode == 0 else None
 
 
-def _committed_restore(root: Path, rel: Path) -> str | None:
-    """How to put vLLM's own ``rel`` back where the file is as committed (a branch that
-    carries a stage, written by an older ``upstream`` or by hand): ``git checkout --``
-    would change nothing, so the advice names the tree's release tag (or, without one,
-    the commit before the change). None where the file differs from HEAD."""
+def _committed_base(root: Path, rel: Path) -> tuple[str, str] | None:
+    """Where ``rel`` is as committed (a branch that carries a stage, written by an older
+    ``upstream`` or by hand), the revision to check vLLM's own file out of, with why:
+    the tree's release tag, or (without one) the commit before the change. None where
+    the file differs from HEAD, so that ``git checkout --`` restores it."""
     if _git(root, "diff", "--quiet", "HEAD", "--", str(rel)) is None:
-        return None  # it differs from HEAD (or there is no HEAD): checkout -- restores
-    where = "" if root == Path(".") else f"-C {shlex.quote(str(root))} "
-    tag = _git(root, "describe", "--tags", "--abbrev=0")
-    if tag:
-        return f"git {where}checkout {shlex.quote(tag)} -- {rel}, vLLM's release tag"
-    return f"git {where}checkout <the commit before the change> -- {rel}; it is committed"
+        return None  # it differs from HEAD (or there is no HEAD)
+    if tag := _git(root, "describe", "--tags", "--abbrev=0"):
+        return shlex.quote(tag), ", vLLM's release tag"
+    return "<the commit before the change>", "; it is committed"
 
 
 def tree_version(root: Path) -> tuple[str, str]:
@@ -385,8 +383,8 @@ def _plan(root: Path, stage: int) -> dict[Path, tuple[str | None, str]]:
                 text, raw = _read_lf(path, _RESTORE)
                 # git's checkout restores only a file git tracks (a fresh `git init`: none)
                 listed = _git(root, "ls-files", "--error-unmatch", "--", str(rel)) if git else None
-                restore = _committed_restore(root, rel) if listed is not None else None
-                sources[rel] = (Source(rel, text, root, listed is not None, restore), raw)
+                committed = functools.partial(_committed_base, root, rel)  # on refusal
+                sources[rel] = (Source(rel, text, root, listed is not None, committed), raw)
             src = sources[rel][0]
             before = src.text
             src.begin()

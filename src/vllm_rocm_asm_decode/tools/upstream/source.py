@@ -9,6 +9,7 @@ import difflib
 import functools
 import shlex
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 #: vLLM's line length.
@@ -113,20 +114,11 @@ class Source:
         text: str,
         root: Path | None = None,
         git: bool = True,
-        restore: str | None = None,
+        committed: Callable[[], tuple[str, str] | None] | None = None,
     ) -> None:
         #: The file as errors name it: ``root / path`` when the tree's ``root`` is given.
         self.path = path if root is None else root / path
-        #: How to put vLLM's own file back: ``restore`` when given, else git's checkout in
-        #: a git work tree (``git``), else a fresh copy.
-        if restore is not None:
-            self.restore = restore
-        elif not git:
-            self.restore = f"copy {path} from an unmodified vLLM 0.33.x"
-        elif root is None or root == Path("."):
-            self.restore = f"git checkout -- {path}"
-        else:  # quoted: it is run as written
-            self.restore = f"git -C {shlex.quote(str(root))} checkout -- {path}"
+        self._rel, self._root, self._git, self._committed = path, root, git, committed
         self.text = text
         #: The file as it is on disk (LF): where refusals count its lines.
         self.original = text
@@ -138,6 +130,21 @@ class Source:
         #: The block :meth:`carries` added, by where it goes: a refusal names where the
         #: file on disk departs from it (:func:`departure`, computed only then).
         self.added_blocks: dict[str, str] = {}
+
+    @functools.cached_property
+    def restore(self) -> str:
+        """How to put vLLM's own file back, for a refusal to say (worked out only then):
+        git's checkout in a git work tree (``git``), of the revision ``committed`` names
+        where it names one (the file is as committed: ``checkout --`` would change
+        nothing), else a fresh copy."""
+        if not self._git:
+            return f"copy {self._rel} from an unmodified vLLM 0.33.x"
+        root = self._root
+        git = "git" if root is None or root == Path(".") else f"git -C {shlex.quote(str(root))}"
+        if self._committed is not None and (base := self._committed()) is not None:
+            revision, why = base
+            return f"{git} checkout {revision} -- {self._rel}{why}"
+        return f"{git} checkout -- {self._rel}"
 
     def begin(self) -> None:
         """Start recording what one stage's edits find and add."""
