@@ -913,10 +913,12 @@ def _glue_serve_args(argv: list[str]) -> list[str]:
 _argv: list[str] = []
 
 
-def _looks_like_a_model(word: str) -> bool:
-    """A model named as ``vllm serve`` names it: a preset, or a directory with a
-    config.json."""
-    return word in choices.presets() or os.path.isfile(os.path.join(word, "config.json"))
+def _model_advice(word: str) -> str:
+    """Advice to name ``word`` with ``--model`` where it names a model as ``vllm serve``
+    takes one (a preset, or a directory with a config.json); else nothing."""
+    if word in choices.presets() or os.path.isfile(os.path.join(word, "config.json")):
+        return f" (name the model with --model {shlex.quote(word)})"
+    return ""
 
 
 def _model_hint(argv: list[str]) -> str:
@@ -924,8 +926,8 @@ def _model_hint(argv: list[str]) -> str:
     names a model (``bench serve DIR``)."""
     for before, word in itertools.pairwise(["", *argv]):
         takes_value = before.startswith("-") and "=" not in before
-        if not word.startswith("-") and not takes_value and _looks_like_a_model(word):
-            return f" (name the model with --model {shlex.quote(word)})"
+        if not word.startswith("-") and not takes_value and (advice := _model_advice(word)):
+            return advice
     return ""
 
 
@@ -942,9 +944,7 @@ def _stray_hint(argv: list[str], args: argparse.Namespace, stray: str) -> str:
                 f"--serve-arg {option} --serve-arg {stray})"
             )
     named = any(arg.split("=")[0] == "--model" for arg in argv)
-    if hasattr(args, "model") and not named and _looks_like_a_model(stray):
-        return f" (name the model with --model {shlex.quote(stray)})"
-    return ""
+    return _model_advice(stray) if hasattr(args, "model") and not named else ""
 
 
 #: The subcommand being run (``["bench", "serve"]``), for a line said after it ends.
