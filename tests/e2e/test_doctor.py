@@ -341,8 +341,16 @@ def test_the_switch_is_shown_as_written(aiter_version, monkeypatch, capsys):
             )
         ),
         ("", "VLLM_PLUGINS=''", False),
+        ("x" * 101, "VLLM_PLUGINS (101 characters)", False),  # (trial 24) shown once
     ],
-    ids=["other-plugin", "leading-space", "trailing-space", "space-after-comma", "empty"],
+    ids=[
+        "other-plugin",
+        "leading-space",
+        "trailing-space",
+        "space-after-comma",
+        "empty",
+        "long",
+    ],
 )
 def test_an_allow_list_without_the_plugin_fails_the_plugin_check(
     aiter_version, monkeypatch, capsys, plugins, shown, spaced
@@ -366,6 +374,12 @@ def test_an_allow_list_without_the_plugin_fails_the_plugin_check(
     out = capsys.readouterr().out.splitlines()
     (line,) = [ln for ln in out if ln.split()[1:2] == ["plugin"]]  # the check's line
     assert line.split()[0] == "FAIL" and shown in line
+    (row,) = [ln for ln in out if ln.startswith("  VLLM_PLUGINS=")]  # the switch's
+    assert row.split(":")[0] == (
+        f"  VLLM_PLUGINS={plugins}"
+        if len(plugins) <= 100
+        else f"  VLLM_PLUGINS={'x' * 80}... (101 characters)"
+    ), row
 
 
 def test_an_allow_list_without_the_plugin_is_said_beside_another_reason(

@@ -397,6 +397,15 @@ CASES = {
         ["plan", "--gpu", "mi300x", "qwen3-8b"],
         "unrecognized arguments: qwen3-8b (name the model with --model qwen3-8b)",
     ),
+    "upstream-dir-with-a-dash": (  # (trial 24) argparse took it for an option
+        ["upstream", "--stage", "1", "-dash"],
+        "required: DIR (-dash is not an option of upstream; a path that starts with a "
+        "dash goes after --: vllm-rocm-asm-decode upstream -- -dash)",
+    ),
+    "upstream-without-dir": (  # no dashed word: argparse's line alone
+        ["upstream", "--check"],
+        "upstream: error: the following arguments are required: DIR",
+    ),
     "serve-arg-with-its-value-apart": (
         ["bench", "serve", "--model", "m", "--serve-arg", "--max-num-seqs", "64"],
         "unrecognized arguments: 64 (--serve-arg takes one word: "
@@ -1741,6 +1750,10 @@ REMOTE_CODE = {  # (trial 23) what a checkpoint's auto_map code may do, and the 
     "exits": (
         ("import sys\nsys.exit(3)\n", "configuration_phi3_v.Cfg"),
         "'s own code exited (3) while vLLM read it",
+    ),
+    "exits-the-process": (  # (trial 24) os._exit skips SystemExit; not 0: were it
+        ("import os\nos._exit(7)\n", "configuration_phi3_v.Cfg"),  # let through, the
+        "'s own code exited (7) while vLLM read it",  # run would end 7, not pass
     ),
     "in-another-repo": (
         (None, "some-org/some-repo--configuration_x.Cfg"),

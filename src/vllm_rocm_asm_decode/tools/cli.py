@@ -76,9 +76,25 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
         if message.startswith("the following arguments are required: --model"):
             message += _model_hint(_argv)
+        elif message.startswith("the following arguments are required: "):
+            message += self._dash_hint(_argv)
         # The line, then its newline: see _OneLineErrors.
         self._print_message(f"{self.prog}: error: {one_line(message)}", sys.stderr)
         self.exit(2, "\n")
+
+    def _dash_hint(self, argv: list[str]) -> str:
+        """Advice for a missing positional argument where a word before ``--`` starts
+        with a dash and is none of this command's options: a path such as ``-dash``,
+        which argparse takes for an unknown option. Else nothing."""
+        words = argv[: argv.index("--")] if "--" in argv else argv
+        for word in words:
+            unknown = word.split("=", 1)[0] not in self._option_string_actions
+            if word.startswith("-") and word != "-" and unknown:
+                return (
+                    f" ({word} is not an option of {self.prog.split()[-1]}; a path that "
+                    f"starts with a dash goes after --: {self.prog} -- {shlex.quote(word)})"
+                )
+        return ""
 
     def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
         parsed, rest = super().parse_known_args(args, namespace)

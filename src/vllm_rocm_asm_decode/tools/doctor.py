@@ -100,6 +100,18 @@ def _effect(parse: Callable[[], Any], describe_value: Callable[[Any], str]) -> s
         return f"INVALID: {exc}"
 
 
+#: The most characters of a variable's value the text report shows (JSON shows all).
+SHOWN_CHARS = 100
+
+
+def _clipped(value: str) -> str:
+    """``value``, or for a longer one its start and how long it is: a long variable is
+    shown once, readably."""
+    if len(value) <= SHOWN_CHARS:
+        return value
+    return f"{value[: SHOWN_CHARS - 20]}... ({len(value)} characters)"
+
+
 def switches() -> list[dict[str, Any]]:
     """Every switch the plugin reads or depends on: raw value and what it does now."""
     import vllm.envs as envs
@@ -327,8 +339,13 @@ def environment() -> Report:
     if reason == f"{settings.SWITCH_ENV}=0":  # as the user wrote it (False, FALSE, ...)
         reason = settings.switch_as_written()
     if settings.left_out_by_vllm_plugins():  # vLLM never calls register(): said too
+        plugins = os.environ["VLLM_PLUGINS"]
+        if len(plugins) <= SHOWN_CHARS:
+            plugins = f"={plugins!r}"
+        else:  # the switches part shows its start
+            plugins = f" ({len(plugins)} characters)"
         left_out = (
-            f"VLLM_PLUGINS={os.environ['VLLM_PLUGINS']!r} does not name {ENTRY_POINT} (vLLM "
+            f"VLLM_PLUGINS{plugins} does not name {ENTRY_POINT} (vLLM "
             "splits it at commas and strips nothing), so vLLM does not load the plugin; add "
             f"{ENTRY_POINT} to the list or unset VLLM_PLUGINS"
         )
@@ -628,7 +645,7 @@ def render(report: Report) -> str:
         )
     lines.append("switches")
     for s in report.settings:
-        value = "(unset)" if s["value"] is None else s["value"]
+        value = "(unset)" if s["value"] is None else _clipped(s["value"])
         lines.append(f"  {s['name']}={value}: {s['effect']}")
     lines.append("checks")
     for c in report.checks:

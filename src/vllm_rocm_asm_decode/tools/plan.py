@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, NoReturn
 
 from .. import settings
 from ..aiter_version import FIRST_FIXED, AiterBuild, describe, installed_version, safe_blocks
@@ -210,7 +210,7 @@ def _model_config(
 
     def read(skip_tokenizer_init: bool):
         # A checkpoint's own code (--trust-remote-code) may print: not into --json.
-        with _one_voice(), _stdout_to_stderr():
+        with _one_voice(), _stdout_to_stderr(), _exit_raises():
             return ModelConfig(
                 model=str(model_dir),
                 skip_tokenizer_init=skip_tokenizer_init,
@@ -288,6 +288,23 @@ def _model_config(
         raise PlanError(
             f"{label}'s own code raised {type(exc).__name__}: {first_line(exc)}"
         ) from exc
+
+
+@contextlib.contextmanager
+def _exit_raises() -> Iterator[None]:
+    """While this runs, ``os._exit(code)`` (a checkpoint's own code may call it) raises
+    ``SystemExit(code)`` where it is called, so that plan says which code ended it
+    rather than ending without a word."""
+    real = os._exit
+
+    def exit_raising(code: int) -> NoReturn:
+        raise SystemExit(code)
+
+    os._exit = exit_raising
+    try:
+        yield
+    finally:
+        os._exit = real
 
 
 @contextlib.contextmanager
