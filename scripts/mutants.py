@@ -191,10 +191,33 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _percent(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a kill rate in %") from None
+    if not 0 <= value <= 100:  # nan and inf too
+        raise argparse.ArgumentTypeError(f"{text}: give a kill rate from 0 to 100 (%)")
+    return value
+
+
+def _ids(text: str) -> list[str]:
+    """``--only``: parts of mutant ids, comma-separated; an empty one would match every id."""
+    parts = text.split(",")
+    if "" in parts:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: give parts of mutant ids, comma-separated, none empty "
+            "(leave --only out to run every mutant)"
+        )
+    return parts
+
+
 def main() -> int:
-    parser = _Parser(description=__doc__.split("\n")[0])
+    parser = _Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
-        "--only", default="", help="run the mutants whose id contains this (or one of a,b,...)"
+        "--only",
+        type=_ids,
+        help="run the mutants whose id contains this (or one of a,b,...); default: every one",
     )
     parser.add_argument("--jobs", type=_at_least_one, default=2, help="mutants at a time")
     parser.add_argument(
@@ -203,11 +226,13 @@ def main() -> int:
         default=900,
         help="seconds per mutant; one that runs longer is reported as timed out, not killed",
     )
-    parser.add_argument("--target", type=float, default=95.0, help="kill rate to reach, %%")
+    parser.add_argument(
+        "--target", type=_percent, default=95.0, help="kill rate to reach, %% (0 to 100)"
+    )
     args = parser.parse_args()
-    chosen = [m for m in MUTANTS if any(part in m.id for part in args.only.split(","))]
+    chosen = [m for m in MUTANTS if args.only is None or any(p in m.id for p in args.only)]
     if not chosen:
-        print(f"mutants.py: no mutant id contains {args.only!r}", file=sys.stderr)
+        print(f"mutants.py: no mutant id contains {','.join(args.only)!r}", file=sys.stderr)
         return 2
     with ThreadPoolExecutor(args.jobs) as pool:
         results = list(pool.map(lambda m: (m, *run(m, sys.executable, args.timeout)), chosen))

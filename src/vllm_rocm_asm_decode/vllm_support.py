@@ -230,10 +230,12 @@ def another_vllm_first(
     judges, in one line; None when they are one build (:func:`same_vllm_build`)."""
     if same_vllm_build(imported, installed):
         return None
+    if imported == "dev":  # as vllm.__version__ reads: no version in its _version.py
+        imported = "dev (its vllm/_version.py names no version)"
     return (
-        f"vLLM {imported} is imported from {where or '?'}, but the installed vllm "
-        f"distribution is {installed or 'missing'}: the plugin judges vLLM by the "
-        "distribution, not the code that runs; keep one vLLM on the path"
+        f"vLLM {imported} is first on Python's path, at {where or '?'}, but the "
+        f"installed vllm distribution is {installed or 'missing'}: the plugin judges "
+        "vLLM by the distribution, not the code that runs; keep one vLLM on the path"
     )
 
 

@@ -312,7 +312,8 @@ def test_the_vllm_reported_is_the_one_imported(aiter_version, monkeypatch, capsy
     check = checks(report)["vllm"]
     assert not check["ok"]
     assert check["detail"].startswith(
-        f"vLLM 0.34.0 is imported from {where}, but the installed vllm distribution is 0.33."
+        f"vLLM 0.34.0 is first on Python's path, at {where}, but the installed vllm "
+        "distribution is 0.33."
     )
     assert main(["doctor"]) == 2
     assert f"vLLM       0.34.0 ({where})" in capsys.readouterr().out

@@ -4,6 +4,7 @@ rots unseen; no timing is asserted. And each uses only the package's public name
 from __future__ import annotations
 
 import ast
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -85,6 +86,12 @@ def test_a_benchmark_uses_only_public_names(script):
     assert _private_uses(BENCHMARKS / script) == []
 
 
+# scripts/mutants.py and scripts/test: their refusals and their help
+
+MUTANTS = Path(__file__).resolve().parents[2] / "scripts" / "mutants.py"
+SCRIPTS = MUTANTS.parent
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
@@ -92,13 +99,53 @@ def test_a_benchmark_uses_only_public_names(script):
         (["--timeout", "0"], "argument --timeout: 0: give more than 0"),
         (["--timeout", "nan"], "argument --timeout: nan: give more than 0"),
         (["--only", "no-such-mutant"], "no mutant id contains 'no-such-mutant'"),
+        # An empty part matched every id: the whole run started.
+        (["--only", ""], "argument --only: '': give parts of mutant ids"),
+        (["--only", "skew,"], "argument --only: 'skew,': give parts of mutant ids"),
+        (["--target", "abc"], "argument --target: 'abc' is not a kill rate in %"),
+        (["--target", "nan"], "argument --target: nan: give a kill rate from 0 to 100"),
+        (["--target", "101"], "argument --target: 101: give a kill rate from 0 to 100"),
     ],
-    ids=["jobs-0", "timeout-0", "timeout-nan", "only-nothing"],
+    ids=[
+        "jobs-0",
+        "timeout-0",
+        "timeout-nan",
+        "only-nothing",
+        "only-empty",
+        "only-empty-part",
+        "target-abc",
+        "target-nan",
+        "target-101",
+    ],
 )
 def test_the_mutation_runs_bad_arguments_are_one_line(argv, message):
-    script = Path(__file__).resolve().parents[2] / "scripts" / "mutants.py"
     done = subprocess.run(
-        [sys.executable, str(script), *argv], capture_output=True, text=True, timeout=60
+        [sys.executable, str(MUTANTS), *argv], capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 2 and done.stdout == "", done
     assert done.stderr.count("\n") == 1 and message in done.stderr, done.stderr
+
+
+def test_the_mutation_runs_help_is_its_whole_description():
+    """(trial) --help stopped mid-sentence: it gave the docstring's first line only."""
+    done = subprocess.run(
+        [sys.executable, str(MUTANTS), "--help"], capture_output=True, text=True, timeout=60
+    )
+    assert (done.returncode, done.stderr) == (0, ""), done
+    assert "exit 1 below\n``--target`` (default 95 %)." in done.stdout
+    assert "is reported as stale (the code\nmoved): update it." in done.stdout
+
+
+@pytest.mark.parametrize("flag", ["-h", "--help"])
+def test_the_test_scripts_help_runs_nothing(flag, tmp_path):
+    """(trial) scripts/test --help ran ruff over the checkout, then pytest --help. Were the
+    checks to start, the missing $VENV and PYTHON=false would stop them at once (exit 1)."""
+    env = dict(os.environ, VENV=str(tmp_path / "no-venv"), PYTHON="false")
+    done = subprocess.run(
+        [str(SCRIPTS / "test"), flag], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert (done.returncode, done.stderr) == (0, ""), done
+    lines = done.stdout.splitlines()
+    assert lines[0] == "usage: scripts/test [--all] [pytest arguments]"
+    assert "The other arguments go to pytest" in done.stdout
+    assert not (tmp_path / "no-venv").exists()

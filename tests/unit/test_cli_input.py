@@ -53,6 +53,10 @@ CASES = {
         "--block-size 1600000000000: one block takes 122070312 GiB per rank, more than the "
         "MI300X's 192 GiB",
     ),
+    "block-far-past-memory": (  # (trial 25) exact: no float artifact in its digits
+        ["plan", "--gpu", "mi300x", "--block-size", "16000000000000000000000000"],
+        "one block takes 1220703125000000000000 GiB per rank, more than the MI300X's",
+    ),
     "graph-mode": (["plan", "--cudagraph-mode", "eager"], "'eager' is not one of FULL_AND"),
     "aiter-version": (["plan", "--aiter-version", "x.y"], "'x.y' is not a version"),
     "len-zero": (["plan", "--max-model-len", "0"], "--max-model-len: 0 must be at least 1"),
@@ -454,6 +458,13 @@ def test_a_file_here_named_bare_as_vllm_is_told_it_is_not_on_path(tmp_path, monk
     monkeypatch.chdir(tmp_path)
     (tmp_path / "exists.json").write_text("{}")
     argv = ["bench", "serve", "--model", "m", "--vllm", "exists.json", "--result-dir", "r"]
+    assert run(argv) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.endswith(
+        "--vllm exists.json is not a program on PATH, and ./exists.json is not executable "
+        "(chmod +x it)"
+    )  # (trial 25) not advice that leads to a second refusal
+    (tmp_path / "exists.json").chmod(0o755)
     assert run(argv) == 2
     (line,) = capsys.readouterr().err.splitlines()
     assert line.endswith(
@@ -919,7 +930,7 @@ def test_another_vllm_first_on_the_path_is_refused_as_doctor_fails_it(monkeypatc
     assert vllm_support.imported_vllm_version() == "0.34.0"
     assert main(command) == 2
     (line,) = capsys.readouterr().err.splitlines()
-    assert "error: vLLM 0.34.0 is imported from " in line
+    assert "error: vLLM 0.34.0 is first on Python's path, at " in line
     assert line.endswith(
         f"distribution is {rocm_build}: the plugin judges vLLM by the "
         "distribution, not the code that runs; keep one vLLM on the path"
@@ -951,7 +962,8 @@ def test_the_imported_vllms_version_is_read_as_vllm_reads_it(monkeypatch, versio
     if read == "0.33.0":
         assert problem is None
     else:
-        assert problem.startswith(f"vLLM {read} is imported from "), problem
+        said = "dev (its vllm/_version.py names no version)" if read == "dev" else read
+        assert problem.startswith(f"vLLM {said} is first on Python's path, at "), problem
 
 
 @pytest.mark.parametrize(
@@ -1668,8 +1680,14 @@ def test_what_to_give_is_named(argv, says, capsys):
 
 
 def test_a_config_that_never_ends_is_one_line(tmp_path, capsys):
-    """A config.json linked to /dev/zero is read up to a bound, not whole."""
+    """A config.json linked to /dev/zero is named a device (trial 25: it was "larger
+    than 16 MiB"); a huge regular file is read up to a bound, not whole."""
     (tmp_path / "config.json").symlink_to("/dev/zero")
+    err = _one_line_exit_2(["plan", "--model", str(tmp_path)], capsys)
+    assert err.endswith(f"{tmp_path}/config.json is a device, not a model's config.json\n")
+    (tmp_path / "config.json").unlink()
+    with open(tmp_path / "config.json", "wb") as f:
+        f.truncate(17 * 2**20)  # sparse
     err = _one_line_exit_2(["plan", "--model", str(tmp_path)], capsys)
     assert "is larger than 16 MiB: not a model's config.json" in err
 

@@ -130,8 +130,12 @@ def test_bench_command_for_sharegpt(tmp_path):
 @pytest.mark.parametrize(
     ("text", "says"),
     [
-        ("", "is not a JSON list"),
+        ("", "is empty, not a JSON list"),
         ('{"conversations": []}', "is not a JSON list"),
+        (
+            "{bad",
+            "is not JSON (Expecting property name enclosed in double quotes at byte offset 1)",
+        ),
         ("  []", "is an empty JSON list"),
         (
             '[{"conversations": [}',
@@ -141,7 +145,16 @@ def test_bench_command_for_sharegpt(tmp_path):
         ("[1, 2]", "has no 'conversations' list in its first entry"),
         ('\n[{"conversations": [{"from": "human", "value": "' + "x" * (3 << 20) + '"}]}', None),
     ],
-    ids=["empty", "object", "empty-list", "broken", "no-conversations", "numbers", "long-entry"],
+    ids=[
+        "empty",
+        "object",
+        "not-json",
+        "empty-list",
+        "broken",
+        "no-conversations",
+        "numbers",
+        "long-entry",
+    ],
 )
 def test_a_sharegpt_file_is_judged_on_its_first_entry(tmp_path, text, says):
     path = tmp_path / "data.json"

@@ -110,16 +110,27 @@ def test_stage_2_applies_on_stage_1_as_at_once_and_stage_1_then_has_nothing_to_d
 
 
 def test_stage_3_stacked_on_stage_1_writes_what_it_writes_at_once(tree, tmp_path):
-    """The kernel test file is stage 1's at every stage (stage 3's lifted table cap is
-    tested by the end-to-end suite); stage 1 run again on stage 3 changes nothing."""
+    """The kernel test file moves up the stack with the stages (stage 3 lifts the cap of
+    four tables that stage 1's file tests, and changes that test alone); stage 1 run
+    again on stage 3 changes nothing."""
     at_once = stock_tree(tmp_path / "at-once")
     upstream.apply(at_once, 3)
     upstream.apply(tree, 1)
     written = (tree / upstream.KERNEL_TEST).read_text()
     upstream.apply(tree, 3)
     assert snapshot(tree) == snapshot(at_once)
-    assert (tree / upstream.KERNEL_TEST).read_text() == written
+    lifted = (tree / upstream.KERNEL_TEST).read_text()
+    removed = set(written.splitlines()) - set(lifted.splitlines())
+    assert removed == {
+        "    for layers in (3, 4):  # 3 K tables and a V: bound; 4 and a V: none (KV budget)",
+        "        scales = [(2.0**-i, 1.0) for i in range(layers)]",
+        "        many = Model(tmp_path, 16, 8, 3, torch.bfloat16, scales).builder",
+        "        assert bool(many.build(0, step).asm_scales) is (layers == 3)",
+        "    builder, more than 4 tables. An output quant fused in: HIP; else asm, the",
+    }, removed
     upstream.apply(tree, 1)
+    assert snapshot(tree) == snapshot(at_once)
+    upstream.apply(tree, 2)
     assert snapshot(tree) == snapshot(at_once)
 
 
@@ -178,7 +189,7 @@ def test_stage_1_is_about_a_hundred_lines_inside_rocm_attn_py(tree):
     assert "log = logger.warning_once if why else logger.info_once" in text
     # Its test file: ~200 lines, at least 12 tests (docs/upstream.md says what is in it).
     test_file = files[upstream.KERNEL_TEST]
-    assert len(test_file.splitlines()) <= 263 and test_file.count("\ndef test_") >= 4
+    assert len(test_file.splitlines()) <= 285 and test_file.count("\ndef test_") >= 4
 
 
 def test_a_file_where_a_directory_goes_stops_check_and_apply_alike(tree, capsys):
@@ -270,6 +281,7 @@ def test_a_byte_order_mark_is_named_with_its_path(tree, capsys):
     for argv in ((str(tree),), (str(tree), "--check")):
         code, _, err = run(capsys, *argv)
         assert code == 2 and f"{path} starts with a byte-order mark" in err, err
+        assert "(git checkout -- the file, in a git tree)" in err  # (trial 25) not git
 
 
 def test_a_byte_order_mark_in_the_version_file_gets_the_same_line(tree, capsys):
@@ -1194,6 +1206,7 @@ def test_mixed_line_endings_are_refused_in_one_line(tree, capsys):
     code, out, err = run(capsys, str(tree))
     assert code == 2 and out == "" and err.count("\n") == 1
     assert f"{path} mixes line endings (CRLF with LF or a lone CR)" in err
+    assert "(dos2unix, or git checkout -- the file in a git tree)" in err
     assert snapshot(tree) == before
 
 

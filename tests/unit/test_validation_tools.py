@@ -230,12 +230,33 @@ ADDRESSING = Path(__file__).resolve().parents[2] / "scripts" / "aiter-pa-address
     [
         ([], "usage: scripts/aiter-pa-addressing AITER_GIT [REV]"),
         (["/nonexistent"], "scripts/aiter-pa-addressing: /nonexistent is not a git repository"),
+        (
+            ["-x"],
+            "scripts/aiter-pa-addressing: unknown option -x"
+            " (usage: scripts/aiter-pa-addressing AITER_GIT [REV])",
+        ),
+        (
+            ["/nonexistent", "--rev"],
+            "scripts/aiter-pa-addressing: unknown option --rev"
+            " (usage: scripts/aiter-pa-addressing AITER_GIT [REV])",
+        ),
     ],
-    ids=["no-repository", "not-a-repository"],
+    ids=["no-repository", "not-a-repository", "unknown-option", "unknown-option-second"],
 )
 def test_the_addressing_script_refuses_bad_input_in_one_line(argv, says):
     proc = subprocess.run([str(ADDRESSING), *argv], capture_output=True, text=True)
     assert (proc.returncode, proc.stdout, proc.stderr.strip().splitlines()) == (2, "", [says])
+
+
+@pytest.mark.parametrize("argv", [["-h"], ["--help"], ["/nonexistent", "--help"]])
+def test_the_addressing_script_prints_its_usage_on_help(argv):
+    """(trial) --help was taken for the repository: "--help is not a git repository"."""
+    proc = subprocess.run([str(ADDRESSING), *argv], capture_output=True, text=True)
+    assert (proc.returncode, proc.stderr) == (0, ""), proc
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "usage: scripts/aiter-pa-addressing AITER_GIT [REV]"
+    assert lines[2].startswith("How AITER's one-token fp8 ultra-precision decode kernels")
+    assert lines[-1] == "the kernel sets (printed as the s_mov_b32 of 0x80000000: 2 GiB)."
 
 
 def test_the_addressing_script_says_a_revision_or_a_repository_is_wrong(tmp_path):

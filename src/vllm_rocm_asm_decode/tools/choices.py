@@ -15,6 +15,7 @@ import stat
 import tempfile
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 from pathlib import Path
 from typing import TypeVar
 
@@ -153,6 +154,8 @@ def _resolve_model_dir(model: str) -> tuple[Path, str]:
             raise InputError(f"{config} is a directory, not a model's config.json")
         if config.is_fifo():  # its read would wait for a writer, for ever
             raise InputError(f"{config} is a FIFO, not a model's config.json")
+        if config.is_char_device() or config.is_block_device():  # /dev/zero, ...
+            raise InputError(f"{config} is a device, not a model's config.json")
         try:
             with open(config, "rb") as f:
                 data = f.read(MAX_CONFIG_BYTES + 1)  # a link to /dev/zero ends here
@@ -239,7 +242,8 @@ def cache_too_large(
     else:
         what = f"--block-size {block_size}: one block takes"
     return (
-        f"{what} {size / 1024**3:.0f} GiB per rank, more than {where} {gpu.memory_gib} GiB"
+        f"{what} {round(Fraction(size, 2**30))} GiB per rank, more than {where} "
+        f"{gpu.memory_gib} GiB"
         + (")" if any_gpu else "")
         + (f"; {fix} would fit it" if fix else "")
     )
@@ -842,6 +846,8 @@ def not_executable(value: str, hint: str) -> str | None:
     if os.sep in value and os.path.exists(value):
         return "is not an executable file (chmod +x it)"
     if os.path.exists(value):  # a bare name is looked up on PATH, not here
+        if not (os.path.isfile(value) and os.access(value, os.X_OK)):
+            return f"is not a program on PATH, and ./{value} is not executable (chmod +x it)"
         return f"is not a program on PATH (the file here is ./{value})"
     return f"no such executable ({hint})"
 

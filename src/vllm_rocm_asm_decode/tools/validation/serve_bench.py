@@ -130,6 +130,14 @@ def sharegpt_problem(path: Path) -> str | None:
                 return "starts with a byte-order mark (U+FEFF), which vLLM's JSON reading refuses"
             start = len(text) - len(text.lstrip())
             if text[start : start + 1] != "[":
+                if not text.strip():
+                    return "is empty, not a JSON list"
+                try:  # JSON of another kind, or none (judged where it was read whole)
+                    decoder.raw_decode(text, start)
+                except json.JSONDecodeError as exc:
+                    if len(text) < 1 << 20:
+                        why, at = exc.msg.removesuffix(" at"), _byte_offset(text, exc.pos)
+                        return f"is not JSON ({why} at byte offset {at})"
                 return "is not a JSON list"
             rest = text[start + 1 :].lstrip()
             skipped = len(text) - len(rest)  # characters before the first entry

@@ -8,6 +8,7 @@ from unittest import mock
 import pytest
 import torch
 from packaging.version import InvalidVersion, Version
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from vllm import config as cfg
 from vllm._aiter_ops import rocm_aiter_ops
@@ -56,6 +57,14 @@ def gfx942(monkeypatch):
     monkeypatch.setattr(rocm_aiter_ops, "is_mha_enabled", lambda: True)
 
 
+class NoSync(TorchDispatchMode):
+    """Fails a host read of a tensor's value (item, int, bool): on a GPU, a sync."""
+
+    def __torch_dispatch__(self, op, types, args=(), kwargs=None):
+        assert op != torch.ops.aten._local_scalar_dense.default, "a host read"
+        return op(*args, **(kwargs or {}))
+
+
 def llama(path, heads=40, kvh=8, **kw):
     sizes = dict(num_attention_heads=heads, num_key_value_heads=kvh, head_dim=HEAD)
     sizes |= dict(hidden_size=heads * HEAD, num_hidden_layers=1, model_type="llama")
@@ -95,7 +104,7 @@ class Model(torch.nn.Module):
         self.builder = self.attn.attn_backend.get_builder_cls()(*self.args)
         shape = (2, blocks, BLOCK, kvh * HEAD)  # 8.6 GB for pages 4 GiB apart
         codes = torch.randint(1, 65, shape, dtype=torch.uint8, device=DEVICE)  # <= 2.0
-        codes |= torch.randint_like(codes, 0, 2).bitwise_left_shift_(7)  # never NaN
+        codes[..., 1::2] |= 128  # half negative; never 0x80 (fnuz's NaN); in place
         for layer in self.to(DEVICE).layers:
             layer.kv_cache = codes.transpose(0, 1)  # vLLM's [blocks, 2, ...] view
 
@@ -182,47 +191,60 @@ def test_pages_over_4_gib_apart_read_as_adjacent_ones(tmp_path):
 
 @pytest.mark.parametrize("no_full", ["PIECEWISE", "NONE"])  # graphs of HIP steps alone
 def test_the_builders_decisions(tmp_path, gfx942, no_full):
-    """asm for one token a request above 2 x CUs query heads; padding rows: length 1. A
-    reload parting a table's layers raises under FULL graphs, else they run HIP."""
+    """asm for one token a request above 2 x CUs query heads, read on the host from host
+    integers alone; padding rows: length 1. A reload parting a table's layers raises
+    under FULL graphs, else they run HIP."""
     model = Model(tmp_path, 16, 8, 3, torch.bfloat16, scales=[(0.5, 1.0)] * 2)  # GQA 2
     n = 2 * current_platform.num_compute_units() // 16  # requests at the cut
     for lens in ([1] * n, [1] * n + [0, 2], [1] * (n + 1) + [0], [1] * (n + 1)):
         step = common([16] * len(lens), [[1, 2]] * len(lens), lens, on="meta")
-        assert model.builder.build(0, step).use_asm_decode is (lens == [1] * (n + 1))
+        with NoSync():
+            metadata = model.builder.build(0, step)
+        assert metadata.use_asm_decode is (lens == [1] * (n + 1))
     pad = common([16] * (n + 1) + [0], [[1]] * (n + 2), on="meta")  # a padding row
     captured = model.builder.build_for_cudagraph_capture(step)  # what graphs hold
-    lens = model.builder.build(0, pad).seq_lens  # refilled in place, floored at 1
+    with NoSync():
+        lens = model.builder.build(0, pad).seq_lens  # refilled in place, floored at 1
     assert lens.data_ptr() == captured.seq_lens.data_ptr()
     assert lens.tolist() == [16] * (n + 1) + [1]  # 0 may come out as NaN
-    model.reload((0.25, 4.0), (0.5, 4.0))  # layers.0 parts K: HIP; their V table moves
+    model.reload((0.25, 1.0), (0.25, 1.0))  # both K move: the K table is refilled
+    model.builder.build(0, step)
+    model.reload((0.25, 4.0), (0.5, 4.0))  # layers.1 parts K: HIP; their V table moves
     graphs = model.config.compilation_config  # vLLM's default: FULL_AND_PIECEWISE
     for mode in ("FULL_AND_PIECEWISE", "FULL_DECODE_ONLY"):  # their graphs may hold asm
         graphs.cudagraph_mode = cfg.CUDAGraphMode[mode]
-        with pytest.raises(RuntimeError, match=r"layers\.0 left .* restart with"):
+        with pytest.raises(RuntimeError, match=r"layers\.1 left .* restart with"):
             model.builder.build(0, step)
     graphs.cudagraph_mode = cfg.CUDAGraphMode[no_full]
     with mock.patch.object(rocm_attn.logger, "error") as error:  # one line
         [(layer, (k, v))] = model.builder.build(0, step).asm_scales.items()
-    assert layer is model.layers[1] and (k == layer._k_scale).all()
+    assert layer is model.layers[0] and (k == layer._k_scale).all()
     assert v is captured.asm_scales[layer][1] and (v == layer._v_scale).all()
-    assert error.call_count == 1 and "layers.0 left" in str(error.call_args)
+    assert error.call_count == 1 and "layers.1 left" in str(error.call_args)
 
 
 def test_what_keeps_every_layer_on_hip(tmp_path, gfx942):
-    """No table, so HIP whatever the step: switch off, AITER's MHA off, AITER before
-    0.1.17 or of no version, a derived builder. An output quant fused in: HIP; else asm,
-    the ultra-precision kernel on the layer's K and V tables."""
+    """No table, so HIP whatever the step: switch off, AITER's MHA off, not gfx942/950,
+    AITER before 0.1.17 or of no version, max_num_seqs x heads at the cut, a derived
+    builder, more than 4 tables. An output quant fused in: HIP; else asm, the
+    ultra-precision kernel on the layer's K and V tables."""
     model = Model(tmp_path, 16, 8, 3, torch.bfloat16)
     n, builder = 2 * current_platform.num_compute_units() // 16 + 1, type(model.builder)
     step = common([16] * n, [[1]] * n, on="meta")  # above the cut
     gates = [mock.patch.object(model.config, "attention_config", cfg.AttentionConfig())]
     gates += [mock.patch.object(rocm_aiter_ops, "is_mha_enabled", lambda: None)]
+    gates += [mock.patch("vllm.platforms.rocm.on_mi3xx", lambda: False)]  # gfx90a, ...
     gates += [mock.patch.dict(AITER, {"amd-aiter": v}) for v in ("0.1.16.post6", "dev")]
+    gates += [mock.patch.object(model.config.scheduler_config, "max_num_seqs", n - 1)]
     for gate in gates:
         with gate:
             assert not builder(*model.args).build(0, step).asm_scales
     derived = type("Derived", (builder,), {})  # a backend built on ROCM_ATTN's
     assert not derived(*model.args).build(0, step).asm_scales
+    for layers in (3, 4):  # 3 K tables and a V: bound; 4 and a V: none (KV budget)
+        scales = [(2.0**-i, 1.0) for i in range(layers)]
+        many = Model(tmp_path, 16, 8, 3, torch.bfloat16, scales).builder
+        assert bool(many.build(0, step).asm_scales) is (layers == 3)
     metadata = model.builder.build(0, step)
     hip = mock.patch.object(rocm_attn, "chunked_prefill_paged_decode")
     query, quant = torch.zeros(n, 16, HEAD, device=DEVICE), torch.ones(())  # fused in
