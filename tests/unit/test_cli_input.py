@@ -428,6 +428,10 @@ CASES = {
         ["check", "accuracy", "--json", "/nonexistent/a\u2028b"],
         r"/nonexistent/a\u2028b",
     ),
+    "undecodable-preset-name": (  # (trial 25) quoted: the bytes, not surrogates
+        ["plan", "--model", "\udcff\udcfe"],
+        "unknown model preset '\\xff\\xfe'; presets: ",
+    ),
     "newline-in-an-unknown-option": (
         ["plan", "--bo\ngus"],
         r"plan: error: unrecognized arguments: --bo\ngus",

@@ -105,12 +105,17 @@ class InputError(ValueError):
 #: controls, the tab among them, Unicode's line and paragraph separators and its
 #: bidirectional controls. (Undecodable bytes stay as given: a path is named as typed.)
 _CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+#: A byte of an argument that is not UTF-8 as ``repr`` writes it (``'\\udcff'`` for 0xff,
+#: which Python holds as a surrogate), where a quoted value names it.
+_UNDECODED = re.compile(r"\\udc([89a-f][0-9a-f])")
 
 
 def one_line(text: str) -> str:
     """``text`` with its control characters written as Python escapes (a newline as
     ``\\n``, ESC as ``\\x1b``): a path or value that carries one leaves an error one
-    line, and sends no escape sequence to the terminal."""
+    line, and sends no escape sequence to the terminal. A quoted byte that is not UTF-8
+    reads as the byte, ``'\\xff'``."""
+    text = _UNDECODED.sub(r"\\x\1", text)
     return _CONTROLS.sub(lambda m: m[0].encode("unicode_escape").decode("ascii"), text)
 
 
