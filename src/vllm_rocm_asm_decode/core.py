@@ -31,7 +31,7 @@ ASM_HEAD_SIZE = 128  # pa_fwd's
 ASM_MAX_GQA = 8  # pa_asm.csv's uhp kernels are gqa8
 ASM_PRECISION = 2  # the ultra-precision kernel
 ASM_HEADS_PER_CU = 2  # AITER's cut for its lower precisions (paged_attention_common)
-ASM_MAX_MODEL_LEN = 40960  # the validated max_model_len; pa_fwd_asm splits no context
+ASM_MAX_MODEL_LEN = 40960  # the A/B's --max-model-len; the kernel splits no context
 
 
 def asm_decode_rejections(

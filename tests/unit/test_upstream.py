@@ -122,10 +122,13 @@ def test_stage_3_stacked_on_stage_1_writes_what_it_writes_at_once(tree, tmp_path
     lifted = (tree / upstream.KERNEL_TEST).read_text()
     removed = set(written.splitlines()) - set(lifted.splitlines())
     assert removed == {
-        "    for layers in (3, 4):  # 3 K tables and a V: bound; 4 and a V: none (KV budget)",
-        "        scales = [(2.0**-i, 1.0) for i in range(layers)]",
-        "        many = Model(tmp_path, 16, 8, 3, torch.bfloat16, scales).builder",
-        "        assert bool(many.build(0, step).asm_scales) is (layers == 3)",
+        "    for layers in (3, 4):  # 3 K tables and a V, each layer's own; 4 and a V: none",
+        "        scales = [(2.0**i, 3.0) for i in range(layers)]  # rising: a misfiled one shows",
+        "        many = Model(tmp_path, 16, 8, 3, torch.bfloat16, scales)",
+        "        bound = many.builder.build(0, step).asm_scales.items()  # the budget: 4 tables",
+        "        held = {x: (k.unique().item(), v.unique().item()) for x, (k, v) in bound}",
+        "        own = {x: (x._k_scale_float, x._v_scale_float) for x in many.layers}",
+        "        assert held == (own if layers == 3 else {})",
         "    builder, more than 4 tables. An output quant fused in: HIP; else asm, the",
     }, removed
     upstream.apply(tree, 1)
@@ -189,7 +192,7 @@ def test_stage_1_is_about_a_hundred_lines_inside_rocm_attn_py(tree):
     assert "log = logger.warning_once if why else logger.info_once" in text
     # Its test file: ~200 lines, at least 12 tests (docs/upstream.md says what is in it).
     test_file = files[upstream.KERNEL_TEST]
-    assert len(test_file.splitlines()) <= 285 and test_file.count("\ndef test_") >= 4
+    assert len(test_file.splitlines()) <= 288 and test_file.count("\ndef test_") >= 4
 
 
 def test_a_file_where_a_directory_goes_stops_check_and_apply_alike(tree, capsys):

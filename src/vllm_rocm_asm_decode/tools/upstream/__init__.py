@@ -346,13 +346,18 @@ _TEST_IMPORTS = {"vllm_rocm_asm_decode.core": "vllm.v1.attention.backends.rocm_a
 #: what stage 3, whose aliased tables take no memory of their own, writes in its place.
 _CAP_TEST = (
     (
-        "    for layers in (3, 4):  # 3 K tables and a V: bound; 4 and a V: none (KV budget)\n"
-        "        scales = [(2.0**-i, 1.0) for i in range(layers)]\n"
-        "        many = Model(tmp_path, 16, 8, 3, torch.bfloat16, scales).builder\n"
-        "        assert bool(many.build(0, step).asm_scales) is (layers == 3)\n",
-        "    scales = [(2.0**-i, 1.0) for i in range(4)]  # 5 tables: aliased, no cap\n"
-        "    many = Model(tmp_path, 16, 8, 3, torch.bfloat16, scales).builder\n"
-        "    assert many.build(0, step).asm_scales\n",
+        "    for layers in (3, 4):  # 3 K tables and a V, each layer's own; 4 and a V: none\n"
+        "        scales = [(2.0**i, 3.0) for i in range(layers)]  # rising: a misfiled one shows\n"
+        "        many = Model(tmp_path, 16, 8, 3, torch.bfloat16, scales)\n"
+        "        bound = many.builder.build(0, step).asm_scales.items()  # the budget: 4 tables\n"
+        "        held = {x: (k.unique().item(), v.unique().item()) for x, (k, v) in bound}\n"
+        "        own = {x: (x._k_scale_float, x._v_scale_float) for x in many.layers}\n"
+        "        assert held == (own if layers == 3 else {})\n",
+        "    scales = [(2.0**i, 3.0) for i in range(4)]  # 5 tables: aliased, each layer's own\n"
+        "    many = Model(tmp_path, 16, 8, 3, torch.bfloat16, scales)\n"
+        "    bound = many.builder.build(0, step).asm_scales.items()\n"
+        "    held = {x: (k.unique().item(), v.unique().item()) for x, (k, v) in bound}\n"
+        "    assert held == {x: (x._k_scale_float, x._v_scale_float) for x in many.layers}\n",
     ),
     ("    builder, more than 4 tables. An output", "    builder. An output"),
 )

@@ -241,10 +241,13 @@ def test_what_keeps_every_layer_on_hip(tmp_path, gfx942):
             assert not builder(*model.args).build(0, step).asm_scales
     derived = type("Derived", (builder,), {})  # a backend built on ROCM_ATTN's
     assert not derived(*model.args).build(0, step).asm_scales
-    for layers in (3, 4):  # 3 K tables and a V: bound; 4 and a V: none (KV budget)
-        scales = [(2.0**-i, 1.0) for i in range(layers)]
-        many = Model(tmp_path, 16, 8, 3, torch.bfloat16, scales).builder
-        assert bool(many.build(0, step).asm_scales) is (layers == 3)
+    for layers in (3, 4):  # 3 K tables and a V, each layer's own; 4 and a V: none
+        scales = [(2.0**i, 3.0) for i in range(layers)]  # rising: a misfiled one shows
+        many = Model(tmp_path, 16, 8, 3, torch.bfloat16, scales)
+        bound = many.builder.build(0, step).asm_scales.items()  # the budget: 4 tables
+        held = {x: (k.unique().item(), v.unique().item()) for x, (k, v) in bound}
+        own = {x: (x._k_scale_float, x._v_scale_float) for x in many.layers}
+        assert held == (own if layers == 3 else {})
     metadata = model.builder.build(0, step)
     hip = mock.patch.object(rocm_attn, "chunked_prefill_paged_decode")
     query, quant = torch.zeros(n, 16, HEAD, device=DEVICE), torch.ones(())  # fused in
