@@ -189,11 +189,11 @@ def test_pages_over_4_gib_apart_read_as_adjacent_ones(tmp_path):
     assert metadata.use_asm_decode and torch.equal(out[0], out[1])
 
 
-@pytest.mark.parametrize("no_full", ["PIECEWISE", "NONE"])  # graphs of HIP steps alone
-def test_the_builders_decisions(tmp_path, gfx942, no_full):
+@pytest.mark.parametrize(("parted", "no_full"), [("K", "PIECEWISE"), ("V", "NONE")])
+def test_the_builders_decisions(tmp_path, gfx942, parted, no_full):
     """asm for one token a request above 2 x CUs query heads, read on the host from host
-    integers alone; padding rows: length 1. A reload parting a table's layers raises
-    under FULL graphs, else they run HIP."""
+    integers alone; padding rows: length 1. A reload parting a K or V table's layers
+    raises under FULL graphs, else they run HIP (no_full: graphs of HIP steps alone)."""
     model = Model(tmp_path, 16, 8, 3, torch.bfloat16, scales=[(0.5, 1.0)] * 2)  # GQA 2
     n = 2 * current_platform.num_compute_units() // 16  # requests at the cut
     for lens in ([1] * n, [1] * n + [0, 2], [1] * (n + 1) + [0], [1] * (n + 1)):
@@ -209,7 +209,8 @@ def test_the_builders_decisions(tmp_path, gfx942, no_full):
     assert lens.tolist() == [16] * (n + 1) + [1]  # 0 may come out as NaN
     model.reload((0.25, 1.0), (0.25, 1.0))  # both K move: the K table is refilled
     model.builder.build(0, step)
-    model.reload((0.25, 4.0), (0.5, 4.0))  # layers.1 parts K: HIP; their V table moves
+    kv = ((0.25, 4.0), (0.5, 4.0)) if parted == "K" else ((4.0, 1.0), (4.0, 2.0))
+    model.reload(*kv)  # layers.1 parts the table: HIP; their other table moves
     graphs = model.config.compilation_config  # vLLM's default: FULL_AND_PIECEWISE
     for mode in ("FULL_AND_PIECEWISE", "FULL_DECODE_ONLY"):  # their graphs may hold asm
         graphs.cudagraph_mode = cfg.CUDAGraphMode[mode]
@@ -218,8 +219,9 @@ def test_the_builders_decisions(tmp_path, gfx942, no_full):
     graphs.cudagraph_mode = cfg.CUDAGraphMode[no_full]
     with mock.patch.object(rocm_attn.logger, "error") as error:  # one line
         [(layer, (k, v))] = model.builder.build(0, step).asm_scales.items()
-    assert layer is model.layers[0] and (k == layer._k_scale).all()
-    assert v is captured.asm_scales[layer][1] and (v == layer._v_scale).all()
+    held = captured.asm_scales[layer]  # what graphs hold, the moved table refilled
+    assert layer is model.layers[0] and k is held[0] and v is held[1]
+    assert (k == layer._k_scale).all() and (v == layer._v_scale).all()
     assert error.call_count == 1 and "layers.1 left" in str(error.call_args)
 
 
