@@ -343,7 +343,13 @@ def kernel_tests(monkeypatch, kernels):
     monkeypatch.setattr(module, "CONTEXTS", [1, 15, 16, 17, 255])
     monkeypatch.setattr(torch.cuda, "CUDAGraph", _CpuGraph)  # replays what it captured
     monkeypatch.setattr(torch.cuda, "graph", _cpu_capture)
+    # No device to sync with: the tests' sync check bites on the GPU alone.
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", _sync_debug_modes.append)
     return module
+
+
+#: The sync-debug modes the kernel tests set on the CPU, in order.
+_sync_debug_modes: list[object] = []
 
 
 class _CpuGraph:
@@ -404,6 +410,7 @@ def test_the_kernel_test_file_passes_under_pytest_on_the_contract_model(
     rocm_aiter_ops.refresh_env_variables()
     assert not rocm_aiter_ops.is_mha_enabled()
     harness.reset_asm_calls()
+    _sync_debug_modes.clear()
     selected = "not 4_gib and (not gqa_ratio or bf16-1 or fp16-5 or bf16-8)"
     if not harness.IN_TREE:  # these read stage 1's shared tables, its metadata, its raise
         selected += " and not (builders_decisions or every_layer_on_hip)"
@@ -416,6 +423,7 @@ def test_the_kernel_test_file_passes_under_pytest_on_the_contract_model(
         rocm_aiter_ops.refresh_env_variables()
     assert code == 0
     assert len(harness.asm_calls()) >= 3 * 5  # 3 GQA ratios: warm-up, capture, 3 replays
+    assert _sync_debug_modes == ["error", 0] * 3 * 3  # each build of 3 reloads: checked
 
 
 def wrong_kernel(monkeypatch, mistake):

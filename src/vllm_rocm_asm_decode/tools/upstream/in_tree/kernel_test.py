@@ -115,9 +115,9 @@ class Model(torch.nn.Module):
     def reload(self, *scales):  # new K and V scales through vLLM's in-place reload
         reload_weights(self.config, self, kv_scales(*scales), None, True)
 
-    def run(self, query, meta, out=None, scale=None):  # NaN for vLLM's torch.empty
+    def run(self, query, meta, out=None, scale=None, layer=0):  # NaN: torch.empty's
         out = torch.full_like(query, torch.nan) if out is None else out
-        kv, layer = query[:, : self.attn.num_kv_heads], self.attn  # kv: unread
+        kv, layer = query[:, : self.attn.num_kv_heads], self.layers[layer]  # kv: unread
         layer.impl.forward(layer, query, kv, kv, layer.kv_cache, meta, out, scale)
         return out
 
@@ -164,7 +164,9 @@ def test_every_admitted_gqa_ratio(tmp_path, gqa, dtype):
     assert [call.kwargs["high_precision"] for call in pa.call_args_list] == [2, 2]
     for k, v in ((0.5, 2.0), (0.5, 0.5), (0.25, 4.0)):
         model.reload((k, v))
+        torch.cuda.set_sync_debug_mode("error")  # build() reads host integers alone
         eager = replace(model.builder.build(0, step), use_asm_decode=False)  # refills
+        torch.cuda.set_sync_debug_mode(0)
         with mock.patch.object(rocm_aiter_ops, "pa_fwd_asm", side_effect=RuntimeError):
             hip = model.run(query, eager)[:-PAD].float()  # the reference: HIP's
         out[:-PAD] = torch.nan  # rows the kernel leaves unwritten stay NaN
@@ -194,7 +196,7 @@ def test_the_builders_decisions(tmp_path, gfx942, parted, no_full):
     """asm for one token a request above 2 x CUs query heads, read on the host from host
     integers alone; padding rows: length 1. A reload parting a K or V table's layers
     raises under FULL graphs, else they run HIP (no_full: graphs of HIP steps alone)."""
-    model = Model(tmp_path, 16, 8, 3, torch.bfloat16, scales=[(0.5, 1.0)] * 2)  # GQA 2
+    model = Model(tmp_path, 16, 8, 3, torch.bfloat16, scales=[(0.5, 0.5)] * 2)  # GQA 2
     n = 2 * current_platform.num_compute_units() // 16  # requests at the cut
     for lens in ([1] * n, [1] * n + [0, 2], [1] * (n + 1) + [0], [1] * (n + 1)):
         step = common([16] * len(lens), [[1, 2]] * len(lens), lens, on="meta")
@@ -207,9 +209,9 @@ def test_the_builders_decisions(tmp_path, gfx942, parted, no_full):
         lens = model.builder.build(0, pad).seq_lens  # refilled in place, floored at 1
     assert lens.data_ptr() == captured.seq_lens.data_ptr()
     assert lens.tolist() == [16] * (n + 1) + [1]  # 0 may come out as NaN
-    model.reload((0.25, 1.0), (0.25, 1.0))  # both K move: the K table is refilled
+    model.reload((0.25, 0.5), (0.25, 0.5))  # both K move: the K table is refilled
     model.builder.build(0, step)
-    kv = ((0.25, 4.0), (0.5, 4.0)) if parted == "K" else ((4.0, 1.0), (4.0, 2.0))
+    kv = ((0.25, 4.0), (0.5, 4.0)) if parted == "K" else ((4.0, 0.5), (4.0, 2.0))
     model.reload(*kv)  # layers.1 parts the table: HIP; their other table moves
     graphs = model.config.compilation_config  # vLLM's default: FULL_AND_PIECEWISE
     for mode in ("FULL_AND_PIECEWISE", "FULL_DECODE_ONLY"):  # their graphs may hold asm
@@ -218,11 +220,16 @@ def test_the_builders_decisions(tmp_path, gfx942, parted, no_full):
             model.builder.build(0, step)
     graphs.cudagraph_mode = cfg.CUDAGraphMode[no_full]
     with mock.patch.object(rocm_attn.logger, "error") as error:  # one line
-        [(layer, (k, v))] = model.builder.build(0, step).asm_scales.items()
+        metadata = model.builder.build(0, step)
+    [(layer, (k, v))] = metadata.asm_scales.items()
     held = captured.asm_scales[layer]  # what graphs hold, the moved table refilled
     assert layer is model.layers[0] and k is held[0] and v is held[1]
     assert (k == layer._k_scale).all() and (v == layer._v_scale).all()
     assert error.call_count == 1 and "layers.1 left" in str(error.call_args)
+    hip = mock.patch.object(rocm_attn, "chunked_prefill_paged_decode")
+    with hip as stock, mock.patch.object(rocm_aiter_ops, "pa_fwd_asm") as pa:
+        model.run(torch.zeros(n + 1, 16, HEAD), metadata, layer=1)  # the parted one
+    assert metadata.use_asm_decode and stock.called and not pa.called  # HIP, no crash
 
 
 def test_what_keeps_every_layer_on_hip(tmp_path, gfx942):
