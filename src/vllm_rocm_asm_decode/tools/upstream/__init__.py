@@ -422,18 +422,19 @@ def _plan(root: Path, stage: int) -> dict[Path, tuple[str | None, str]]:
         rel: (n, make) for n in range(1, stage + 1) for rel, make in NEW_FILES.get(n, {}).items()
     }
     new_files[KERNEL_TEST] = (1, lambda _: render_kernel_test(stage=stage))
-    # The test file as each stage leaves it: a run moves it up the stack, never down.
-    tests = {render_kernel_test(stage=m): m for m in range(LAST_STAGE, 0, -1)}
     for rel, (n, make) in new_files.items():
         text, path = make(None), root / rel
         if not path.is_file():
             files[rel] = (None, text)
             continue
         there, raw = _read_lf(path, _MOVE_ASIDE)
-        if rel == KERNEL_TEST and there != text and there in tests:
-            up = tests[there] < stage  # else a later stage's: this run leaves it
-            files[rel] = (raw, _as_file(text, raw) if up else raw)
-            continue
+        if rel == KERNEL_TEST and there != text:  # another stage's? It moves up, never down
+            other = next(
+                (m for m in range(1, LAST_STAGE + 1) if render_kernel_test(stage=m) == there), None
+            )
+            if other is not None:
+                files[rel] = (raw, _as_file(text, raw) if other < stage else raw)
+                continue
         if there != text:
             raise UpstreamError(
                 f"{path} is there already and is not the file stage {n} writes "
