@@ -1804,7 +1804,18 @@ REMOTE_CODE = {  # (trial 23) what a checkpoint's auto_map code may do, and the 
 }
 
 
-@pytest.mark.parametrize(("checkpoint", "says"), REMOTE_CODE.values(), ids=REMOTE_CODE)
+#: The cases scripts/test runs too (each reads a config through vLLM, about 2 s); CI's
+#: --all runs every one.
+_QUICK_REMOTE_CODE = {"exits", "exits-the-process", "raises"}
+
+
+@pytest.mark.parametrize(
+    ("checkpoint", "says"),
+    [
+        pytest.param(*case, id=name, marks=() if name in _QUICK_REMOTE_CODE else pytest.mark.slow)
+        for name, case in REMOTE_CODE.items()
+    ],
+)
 def test_what_a_models_own_code_does_is_one_line(tmp_path, capsys, checkpoint, says):
     code, auto_config = checkpoint
     phi3_v(tmp_path, code, auto_config)
