@@ -230,10 +230,11 @@ def main() -> int:
         "--target", type=_percent, default=95.0, help="kill rate to reach, %% (0 to 100)"
     )
     args = parser.parse_args()
-    chosen = [m for m in MUTANTS if args.only is None or any(p in m.id for p in args.only)]
-    if not chosen:
-        print(f"mutants.py: no mutant id contains {','.join(args.only)!r}", file=sys.stderr)
+    unmatched = [p for p in args.only or () if not any(p in m.id for m in MUTANTS)]
+    if unmatched:  # a misspelt part would quietly run fewer mutants than asked
+        print(f"mutants.py: no mutant id contains {','.join(unmatched)!r}", file=sys.stderr)
         return 2
+    chosen = [m for m in MUTANTS if args.only is None or any(p in m.id for p in args.only)]
     with ThreadPoolExecutor(args.jobs) as pool:
         results = list(pool.map(lambda m: (m, *run(m, sys.executable, args.timeout)), chosen))
     print("| mutant | file | verdict | seconds | first failing test |")

@@ -99,6 +99,8 @@ SCRIPTS = MUTANTS.parent
         (["--timeout", "0"], "argument --timeout: 0: give more than 0"),
         (["--timeout", "nan"], "argument --timeout: nan: give more than 0"),
         (["--only", "no-such-mutant"], "no mutant id contains 'no-such-mutant'"),
+        # One part that matches nothing ran the others alone, without a word.
+        (["--only", "skew,zzzz"], "no mutant id contains 'zzzz'"),
         # An empty part matched every id: the whole run started.
         (["--only", ""], "argument --only: '': give parts of mutant ids"),
         (["--only", "skew,"], "argument --only: 'skew,': give parts of mutant ids"),
@@ -111,6 +113,7 @@ SCRIPTS = MUTANTS.parent
         "timeout-0",
         "timeout-nan",
         "only-nothing",
+        "only-one-part-unmatched",
         "only-empty",
         "only-empty-part",
         "target-abc",
