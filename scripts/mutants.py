@@ -232,7 +232,7 @@ def main() -> int:
     args = parser.parse_args()
     unmatched = [p for p in args.only or () if not any(p in m.id for m in MUTANTS)]
     if unmatched:  # a misspelt part would quietly run fewer mutants than asked
-        print(f"mutants.py: no mutant id contains {','.join(unmatched)!r}", file=sys.stderr)
+        print(f"mutants.py: error: no mutant id contains {','.join(unmatched)!r}", file=sys.stderr)
         return 2
     chosen = [m for m in MUTANTS if args.only is None or any(p in m.id for p in args.only)]
     with ThreadPoolExecutor(args.jobs) as pool:

@@ -1100,3 +1100,50 @@ def test_batch_invariance_is_read_as_vllms_selector_reads_it(monkeypatch):
     monkeypatch.setenv("VLLM_BATCH_INVARIANT", "1")
     with pytest.raises(PlanError, match=r"\(batch invariance not supported\)"):
         make_plan(gpu="mi300x")
+
+
+def test_a_config_without_model_type_is_told_the_key_it_lacks(tmp_path):
+    """(trial 26) The first sentence alone, "Unrecognized model in DIR", left out the
+    key to add."""
+    from vllm.config import ModelConfig
+
+    from vllm_rocm_asm_decode.tools import plan
+
+    (tmp_path / "config.json").write_text('{"num_attention_heads": 32, "hidden_size": 4096}')
+    with pytest.raises(Exception) as raised:
+        ModelConfig(str(tmp_path))
+    said = plan._what_is_wrong(raised.value)
+    assert (
+        said
+        == f"Unrecognized model in {tmp_path}: it should have a `model_type` key in its config.json"
+    ), said
+
+
+@pytest.mark.parametrize(
+    ("weights", "said"),
+    [
+        ({"model.safetensors": b"garbage-garbage-garbage"}, "cannot read {}/model.safetensors: "),
+        (
+            {
+                "model-00002-of-00002.safetensors": b"",
+                "model.safetensors.index.json": b'{"weight_map": {"a": '
+                b'"model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}',
+            },
+            "{}/model-00001-of-00002.safetensors (listed in model.safetensors.index.json) "
+            "does not exist",
+        ),
+    ],
+    ids=["not-safetensors", "shard-missing"],
+)
+def test_broken_weights_without_a_dtype_in_config_json_are_named(tmp_path, capsys, weights, said):
+    """(trial 26) vLLM reads the weights' headers for the dtype config.json leaves out, and
+    said "MemoryError" or "unpack requires a buffer of 8 bytes", naming no file."""
+    harness.write_model_dir(tmp_path, num_heads=32, num_kv_heads=8)
+    config = json.loads((tmp_path / "config.json").read_text())
+    del config["torch_dtype"]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    for name, data in weights.items():
+        (tmp_path / name).write_bytes(data)
+    assert main(["plan", "--model", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and said.format(tmp_path) in err[0], err

@@ -78,7 +78,7 @@ def test_every_way_vllm_reads_an_owned_option_is_refused(vllm_serve_parser, caps
                 refused += 1
     capsys.readouterr()
     assert refused >= 40  # the abbreviations vLLM takes: --po, --max-model, -t, ...
-    for theirs in ("--kv-cache-dtype-skip-layers", "--max-num-seqs", "--enforce-eager", "-O3"):
+    for theirs in ("--kv-cache-dtype-skip-layers", "--max-num-seqs", "--enforce-eager", "--seed"):
         assert sb.owned_serve_option(theirs) is None, theirs
 
 

@@ -167,8 +167,17 @@ def test_an_empty_version_quotes_its_assignment_not_its_annotation(tree, capsys)
     assert "'version: str'" not in err
 
 
-def test_another_vllm_version_says_what_to_do(tree, capsys):
-    (tree / VERSION).write_text("__version__ = version = '0.34.0'\n")
+@pytest.mark.parametrize("version", ["0.34.0", "0.33.abc", "0.33.\u0663", "0.330.0"])
+def test_another_vllm_version_says_what_to_do(tree, capsys, version):
+    """(trial 26) 0.33.abc and an Arabic-Indic digit passed as 0.33."""
+    (tree / VERSION).write_text(f"__version__ = version = '{version}'\n")
     err = one_line(capsys, str(tree), "--check")
-    assert "is vLLM 0.34.0 (from vllm/_version.py); this change is written for vLLM 0.33.x" in err
-    assert "git checkout v0.33.0" in err, err
+    said = f"is vLLM {version} (from vllm/_version.py); this change is written for vLLM 0.33.x"
+    assert said in err and "git checkout v0.33.0" in err, err
+
+
+@pytest.mark.parametrize("version", ["0.33.0+rocm722", "0.33.1.dev5+g1a2b", "0.33rc1", "v0.33.0"])
+def test_a_033_version_in_any_form_is_taken(tree, capsys, version):
+    """(trial 26) "v0.33.0" was refused as not 0.33, in a line that named it."""
+    (tree / VERSION).write_text(f"__version__ = version = '{version}'\n")
+    assert upstream.check_tree(tree, 1) == version

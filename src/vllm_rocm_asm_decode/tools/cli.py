@@ -1236,6 +1236,9 @@ def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     if argv and argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version"):
         # Before argparse, which would only miss the command.
+        near = [o for o in ("--help", "--version") if o.startswith(argv[0].split("=")[0])]
+        if len(argv[0]) > 2 and argv[0].startswith("--") and near:  # a typo of one of them
+            parser.error(f"unrecognized arguments: {argv[0]} (did you mean {near[0]}?)")
         parser.error(f"unrecognized arguments: {argv[0]} (give a command first; see --help)")
     args, extra = parser.parse_known_args(argv)
     if extra:  # said by the subcommand's parser, so the line names the subcommand

@@ -242,6 +242,8 @@ def _model_config(
             ) from exc
         if broken := _broken_json(model_dir):
             raise PlanError(f"vLLM refuses {label}: {broken}") from exc
+        if broken := _broken_weights(model_dir):
+            raise PlanError(broken) from exc
         if problem := _auto_map_problem(model_dir):
             raise PlanError(f"{label}'s config.json{problem}") from exc
         remote = ("contains custom code which must be executed", "inspect the repository")
@@ -350,6 +352,22 @@ def _broken_json(model_dir: Path) -> str | None:
     return None
 
 
+def _broken_weights(model_dir: Path) -> str | None:
+    """Which safetensors file of the checkpoint cannot be read, with why, as the scales'
+    read says it later: vLLM reads their headers for a dtype config.json does not give,
+    and its errors (``MemoryError``, ``unpack requires a buffer of 8 bytes``) name no
+    file. None when each reads (or the checkpoint is not safetensors)."""
+    from .checkpoint_scales import CheckpointError, read_kv_scales
+
+    try:
+        read_kv_scales(model_dir)
+    except CheckpointError as exc:
+        return str(exc)
+    except Exception:  # what the read cannot judge is left to vLLM's own error
+        return None
+    return None
+
+
 def _auto_map_problem(model_dir: Path) -> str | None:
     """What is wrong with config.json's ``auto_map``, said after "X's config.json": a
     ``.py`` file it names in the checkpoint that is not there, or a shape Transformers
@@ -431,6 +449,16 @@ def _validation_errors(exc: BaseException) -> list[dict]:
         return []
 
 
+def _first_sentence(reason: str) -> str:
+    """A config error's first sentence, which says what is wrong (the rest advises on
+    retries and the hub), and the next one where it names the config.json key to add
+    (Transformers' "Unrecognized model in DIR. Should have a `model_type` key ...")."""
+    first, _, rest = reason.partition(". ")
+    if rest.startswith("Should have a"):
+        return f"{first}: it s{rest.split('. ')[0].removesuffix('.')[1:]}"
+    return first
+
+
 def _what_is_wrong(exc: BaseException) -> str:
     """The one line of a vLLM (pydantic) or Transformers config error that says what is
     wrong with which field: not pydantic's ``1 validation error for ModelConfig`` header,
@@ -442,7 +470,7 @@ def _what_is_wrong(exc: BaseException) -> str:
             for prefix in ("Value error,", "Assertion failed,"):
                 if message.startswith(prefix):
                     reason = message.removeprefix(prefix).split(" [type=")[0].strip()
-                    return reason.split(". ")[0]  # the first sentence says it
+                    return _first_sentence(reason)
             where = ".".join(str(part) for part in first.get("loc", ()))
             given = first.get("input")
             got = f" (got {type(given).__name__} {given!r})" if "input" in first else ""
@@ -451,7 +479,7 @@ def _what_is_wrong(exc: BaseException) -> str:
     for line in lines:
         if line.startswith(("Value error,", "Assertion failed,")):
             reason = line.split(",", 1)[1].split(" [type=")[0].strip()
-            return reason.split(". ")[0]  # the first sentence says it; the rest advises
+            return _first_sentence(reason)
     strict = _STRICT_FIELD.fullmatch(lines[0]) if lines else None
     if strict and len(lines) > 1:  # huggingface_hub's strict dataclass fields
         field_name = strict.group(1)

@@ -155,17 +155,17 @@ def _read_bytes(path: Path, fix: str) -> bytes:
     return data
 
 
-def _decode(path: Path, data: bytes) -> str:
+def _decode(path: Path, data: bytes, fix: str) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise UpstreamError(f"{path} is not UTF-8 text (byte {exc.start})") from None
+        raise UpstreamError(f"{path} is not UTF-8 text (byte {exc.start})" + fix) from None
 
 
 def _read(path: Path, fix: str) -> str:
     """A file's text, its line endings read as LF (:func:`_read_bytes` says which files
     are refused, and ``fix`` what to do; a non-UTF-8 one is refused too)."""
-    text = _decode(path, _read_bytes(path, fix))
+    text = _decode(path, _read_bytes(path, fix), fix)
     return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
@@ -173,7 +173,7 @@ def _read_lf(path: Path, fix: str) -> tuple[str, str]:
     """A file's text with LF line endings, and its own text as it is on disk (a file
     with CRLF endings keeps them: :func:`_as_file`). Mixed endings are refused; so is
     what :func:`_read_bytes` refuses, with ``fix``."""
-    raw = _decode(path, _read_bytes(path, fix))
+    raw = _decode(path, _read_bytes(path, fix), fix)
     _refuse_a_byte_order_mark(path, raw, "git checkout -- the file, in a git tree")
     if "\r" not in raw:
         return raw, raw
@@ -324,7 +324,9 @@ def check_tree(root: Path, stage: int = DEFAULT_STAGE) -> str:
             "checkout, or into a copy of its vllm/ directory elsewhere"
         )
     version, source = tree_version(root)
-    numbers = re.match(r"(\d+)\.(\d+)", version, re.ASCII)  # int() reads other digits too
+    # ASCII digits (int() reads others too), then a release part or the end: 0.33.0,
+    # 0.33.1.dev5+g1, 0.33rc1, 0.33.0+rocm722; not 0.33.abc. "v" as a git tag has it.
+    numbers = re.match(r"v?(\d+)\.(\d+)(?:\.\d|\.?(?:rc|dev|post)|\+|$)", version, re.ASCII)
     if numbers is None or (int(numbers[1]), int(numbers[2])) != SUPPORTED:
         raise UpstreamError(
             f"{root} is vLLM {version} (from {source}); this change is written for vLLM 0.33.x "
@@ -696,6 +698,8 @@ def _check_way(root: Path, rel: Path) -> None:
             kind = "a directory" if should_be_dir else "a file"
             raise UpstreamError(f"{here} is in the way (it should be {kind}); nothing written")
     if odd := _not_regular(root / rel):
+        if any(rel in edited for edited in STAGES.values()):  # moved aside, it is missing
+            raise UpstreamError(f"{odd}, where this change edits vLLM's file" + _RESTORE)
         raise UpstreamError(f"{odd}, where this change writes one" + _MOVE_ASIDE)
 
 

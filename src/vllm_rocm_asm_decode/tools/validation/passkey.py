@@ -517,20 +517,22 @@ def main(args: argparse.Namespace) -> int:
     except ServerError as exc:
         answered = getattr(exc, "tally", {})
         served = any(sent for _, sent in answered.values())  # then failed
-        if served:
-            _table(args.lengths, answered)
+        if served:  # rows cut short say how many were asked for
+            _table(args.lengths, answered, asked=args.prompts)
         print(f"{PROG}: error: {printable(args.base_url)}: {exc}", file=sys.stderr)
         return 1 if served else 2
     return 1 if _table(args.lengths, tally) else 0
 
 
-def _table(lengths: Iterable[int], tally: dict[int, list[int]]) -> int:
-    """Prints passed/judged per target length; returns the misses."""
+def _table(lengths: Iterable[int], tally: dict[int, list[int]], asked: int = 0) -> int:
+    """Prints passed/judged per target length, and of how many ``asked`` where fewer were
+    judged (a run an error ended); returns the misses."""
     failures = 0
     print("| target tokens | passed |")
     print("|---|---|")
     for n in lengths:
         ok, sent = tally.get(n, [0, 0])
         failures += sent - ok
-        print(f"| {n} | {ok}/{sent} |")
+        short = f" ({asked - sent} of {asked} not judged)" if sent < asked else ""
+        print(f"| {n} | {ok}/{sent}{short} |")
     return failures

@@ -78,7 +78,10 @@ OWNED_SERVE_OPTIONS = {
     "--gpu-memory-utilization": "--gpu-memory-utilization",
     "--tensor-parallel-size": "--tensor-parallel-size",
     "-tp": "--tensor-parallel-size",
+    "--served-model-name": None,  # the client asks for the model by --model's name
 }
+#: Why the harness fixes an option no ``bench serve`` option sets (default: both arms).
+_FIXED_BECAUSE = {"--served-model-name": "its client asks for the model by --model's name"}
 
 
 def _option_name(arg: str) -> str:
@@ -247,7 +250,8 @@ class ServeConfig:
                 read = "" if _option_name(arg) == owned else f"vLLM may read it as {owned}; "
                 raise ValueError(
                     f"--serve-arg {arg}: {read}bench serve sets {owned} itself"
-                    + (f"; use bench serve's {ours}" if ours else " (both arms need it)")
+                    + (f"; use bench serve's {ours}" if ours else "")
+                    + ("" if ours else f" ({_FIXED_BECAUSE.get(owned, 'both arms need it')})")
                 )
             if logging_option := logging_serve_option(arg):
                 raise ValueError(
