@@ -262,11 +262,17 @@ def test_what_keeps_every_layer_on_hip(tmp_path, gfx942):
     query, quant = torch.zeros(n, 16, HEAD, device=DEVICE), torch.ones(())  # fused in
     with hip as stock, mock.patch.object(rocm_aiter_ops, "pa_fwd_asm") as pa:
         model.run(query, metadata, scale=quant)
-    assert metadata.use_asm_decode and stock.called and not pa.called
+        model.run(query, replace(metadata, use_asm_decode=False))  # below the cut
+    assert metadata.use_asm_decode and stock.call_count == 2 and not pa.called
     with mock.patch.object(rocm_aiter_ops, "pa_fwd_asm") as pa:  # no quant: asm
         model.run(query, metadata)
     kw, (k, v) = pa.call_args.kwargs, metadata.asm_scales[model.attn]  # the layer's
     assert kw["K_QScale"] is k and kw["V_QScale"] is v and kw["high_precision"] == 2
+    assert k.shape == v.shape == (3, 8, BLOCK)  # [blocks, KV heads, 16]: none short
+    planes = [x.data_ptr() for x in model.attn.kv_cache.unbind(1)]  # read in place
+    assert [kw["K"].data_ptr(), kw["V"].data_ptr()] == planes
+    assert kw["V"].shape == (3, 8, 1, HEAD, BLOCK)  # AITER's [B, H, 1, D, 16]
+    assert kw["context_lens"] is metadata.seq_lens and kw["block_tables_stride0"] == 2
 
 
 def rule(path, head=HEAD, block=BLOCK, lbhnc=False, mi3xx=True, model=None, n=4, **kw):
