@@ -1147,3 +1147,15 @@ def test_broken_weights_without_a_dtype_in_config_json_are_named(tmp_path, capsy
     assert main(["plan", "--model", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and said.format(tmp_path) in err[0], err
+
+
+def test_a_plan_for_the_default_gpu_says_it_is_one(monkeypatch):
+    """(trial 26) Off ROCm, plan planned for MI355X without a word that it was chosen."""
+    from vllm.platforms import current_platform
+
+    note = "no ROCm GPU here: planned for MI355X, the default (--gpu mi300x, mi325x, mi355x"
+    live = make_plan().notes  # the stand-in ROCm GPU: planned for it, no note
+    assert not any(n.startswith("no ROCm GPU") for n in live)
+    monkeypatch.setattr(current_platform, "is_rocm", lambda: False)  # as on a laptop
+    assert any(n.startswith(note) for n in make_plan().notes)
+    assert not any(n.startswith("no ROCm GPU") for n in make_plan(gpu="mi355x").notes)

@@ -627,15 +627,15 @@ def _add_check_accuracy(check) -> None:
     )
     _add_layout_options(
         p,
-        "head layouts (default 40/8,32/8,64/8,32/4; small grid without GPU)",
-        "context lengths sampled (default 1,15,16,17,255,1000,4000)",
+        "head layouts (default 40/8,32/8,64/8,32/4; without a GPU 40/8,32/4)",
+        "context lengths sampled (default 1,15,16,17,255,1000,4000; without a GPU 1,15,16,17,255)",
     )
     p.add_argument(
         "--seeds",
         type=choices.seeds,
         default=None,
         metavar="N,...",
-        help="seeds (default 0,1,2)",
+        help="seeds (default 0,1,2; without a GPU 0)",
         action=_ListOnce,
     )
     p.add_argument(

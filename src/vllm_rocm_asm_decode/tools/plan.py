@@ -1123,6 +1123,11 @@ def make_plan(
             "the plugin does on a stock vLLM 0.33 "
             "(the project's docs/upstream.md says where the in-tree change differs)"
         )
+    if gpu is None and not the_gpu.name.startswith("live "):
+        notes.append(
+            f"no ROCm GPU here: planned for {the_gpu.name}, the default "
+            f"(--gpu {', '.join(GPUS)} picks one)"
+        )
     if os.environ.get("VLLM_ROCM_USE_AITER") is None:
         notes.append(
             "VLLM_ROCM_USE_AITER is unset here: planned as the deployment sets it to 1 (the "
