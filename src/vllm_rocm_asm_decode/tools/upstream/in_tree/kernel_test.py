@@ -36,7 +36,7 @@ except (ImportError, InvalidVersion):
     ASM = False
 requires_asm = pytest.mark.skipif(not ASM, reason="needs AITER 0.1.17+, gfx942/gfx950")
 pytestmark = pytest.mark.skipif(not current_platform.is_rocm(), reason="ROCm only")
-DEVICE = "cuda" if ASM else "cpu"  # the builder's host-side tests run anywhere
+DEVICE = "cuda" if ASM else "cpu"  # the builder's host-side tests run on any ROCm host
 AITER = {"amd-aiter": "0.1.17"}  # the version the host tests' builders read
 
 
@@ -213,8 +213,8 @@ def test_the_builders_decisions(tmp_path, gfx942, parted, no_full):
     model.builder.build(0, step)
     kv = ((0.25, 4.0), (0.5, 4.0)) if parted == "K" else ((4.0, 0.5), (4.0, 2.0))
     model.reload(*kv)  # layers.1 parts the table: HIP; their other table moves
-    graphs = model.config.compilation_config  # vLLM's default: FULL_AND_PIECEWISE
-    for mode in ("FULL_AND_PIECEWISE", "FULL_DECODE_ONLY"):  # their graphs may hold asm
+    graphs = model.config.compilation_config  # their FULL graphs may hold asm
+    for mode in ("FULL_AND_PIECEWISE", "FULL_DECODE_ONLY", "FULL"):  # FULL: MRV2 drafts
         graphs.cudagraph_mode = cfg.CUDAGraphMode[mode]
         with pytest.raises(RuntimeError, match=r"layers\.1 left .* restart with"):
             model.builder.build(0, step)
@@ -228,7 +228,7 @@ def test_the_builders_decisions(tmp_path, gfx942, parted, no_full):
     assert error.call_count == 1 and "layers.1 left" in str(error.call_args)
     hip = mock.patch.object(rocm_attn, "chunked_prefill_paged_decode")
     with hip as stock, mock.patch.object(rocm_aiter_ops, "pa_fwd_asm") as pa:
-        model.run(torch.zeros(n + 1, 16, HEAD), metadata, layer=1)  # the parted one
+        model.run(torch.zeros(n + 1, 16, HEAD, device=DEVICE), metadata, layer=1)
     assert metadata.use_asm_decode and stock.called and not pa.called  # HIP, no crash
 
 
