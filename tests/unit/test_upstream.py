@@ -192,7 +192,7 @@ def test_stage_1_is_about_a_hundred_lines_inside_rocm_attn_py(tree):
     assert "log = logger.warning_once if why else logger.info_once" in text
     # Its test file: ~200 lines, at least 12 tests (docs/upstream.md says what is in it).
     test_file = files[upstream.KERNEL_TEST]
-    assert len(test_file.splitlines()) <= 303 and test_file.count("\ndef test_") >= 4
+    assert len(test_file.splitlines()) <= 306 and test_file.count("\ndef test_") >= 4
 
 
 def test_a_file_where_a_directory_goes_stops_check_and_apply_alike(tree, capsys):

@@ -25,7 +25,7 @@ from vllm.v1.attention.backends.registry import AttentionBackendEnum
 from vllm_rocm_asm_decode.core import asm_decode_rejections
 
 HEAD, BLOCK, PAD = 128, 16, 8
-CONTEXTS = [1, 15, 16, 17, 255, 1000, 4000]
+CONTEXTS = [1, 15, 16, 17, 255, 1000, 4000, 40960]  # to the rule's max_model_len
 # asm vs HIP: the sum of their errors vs fp32 on MI355X with headroom, times the V scale
 ASM_MAX, ASM_MEAN = 0.05, 0.002  # asm 0.026 / 0.00078, HIP 0.0072 / 0.00018 (max/mean)
 try:  # PackageNotFoundError is an ImportError; vllm.platforms.rocm imports on ROCm only
@@ -58,7 +58,8 @@ def gfx942(monkeypatch):
 
 
 class NoSync(TorchDispatchMode):
-    """Fails a host read of a tensor's value (item, int, bool): on a GPU, a sync."""
+    """Fails a host read of a tensor's value (item, int, bool): on a GPU, a sync (the
+    GPU test's sync debug mode sees the others, .tolist() and .cpu())."""
 
     def __torch_dispatch__(self, op, types, args=(), kwargs=None):
         assert op != torch.ops.aten._local_scalar_dense.default, "a host read"
@@ -83,7 +84,7 @@ class Model(torch.nn.Module):
 
     def __init__(self, path, heads, kvh, blocks, dtype, scales=((0.5, 2.0),)):
         super().__init__()
-        model = llama(path, heads, kvh, dtype=dtype, max_model_len=4096)
+        model = llama(path, heads, kvh, dtype=dtype, max_model_len=CONTEXTS[-1])
         cache = cfg.CacheConfig(cache_dtype="fp8", block_size=BLOCK)
         device = cfg.DeviceConfig(DEVICE)
         self.config = cfg.VllmConfig(model, cache, device_config=device)
@@ -211,6 +212,7 @@ def test_the_builders_decisions(tmp_path, gfx942, parted, no_full):
     assert lens.tolist() == [16] * (n + 1) + [1]  # 0 may come out as NaN
     model.reload((0.25, 0.5), (0.25, 0.5))  # both K move: the K table is refilled
     model.builder.build(0, step)
+    written = captured.asm_scales[model.layers[0]]["KV".index(parted)]._version
     kv = ((0.25, 4.0), (0.5, 4.0)) if parted == "K" else ((4.0, 0.5), (4.0, 2.0))
     model.reload(*kv)  # layers.1 parts the table: HIP; their other table moves
     graphs = model.config.compilation_config  # their FULL graphs may hold asm
@@ -226,6 +228,7 @@ def test_the_builders_decisions(tmp_path, gfx942, parted, no_full):
     assert layer is model.layers[0] and k is held[0] and v is held[1]
     assert (k == layer._k_scale).all() and (v == layer._v_scale).all()
     assert error.call_count == 1 and "layers.1 left" in str(error.call_args)
+    assert held["KV".index(parted)]._version == written  # the parted table: unwritten
     hip = mock.patch.object(rocm_attn, "chunked_prefill_paged_decode")
     with hip as stock, mock.patch.object(rocm_aiter_ops, "pa_fwd_asm") as pa:
         model.run(torch.zeros(n + 1, 16, HEAD, device=DEVICE), metadata, layer=1)
