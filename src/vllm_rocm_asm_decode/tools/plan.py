@@ -455,7 +455,8 @@ def _first_sentence(reason: str) -> str:
     (Transformers' "Unrecognized model in DIR. Should have a `model_type` key ...")."""
     first, _, rest = reason.partition(". ")
     if rest.startswith("Should have a"):
-        return f"{first}: it s{rest.split('. ')[0].removesuffix('.')[1:]}"
+        advice = rest.split(". ")[0].removesuffix(".")
+        return f"{first}: it {advice[0].lower()}{advice[1:]}"
     return first
 
 
@@ -1123,7 +1124,7 @@ def make_plan(
             "the plugin does on a stock vLLM 0.33 "
             "(the project's docs/upstream.md says where the in-tree change differs)"
         )
-    if gpu is None and not the_gpu.name.startswith("live "):
+    if gpu is None and the_gpu is GPUS[DEFAULT_GPU]:  # resolve_gpu found no ROCm GPU
         notes.append(
             f"no ROCm GPU here: planned for {the_gpu.name}, the default "
             f"(--gpu {', '.join(GPUS)} picks one)"

@@ -250,8 +250,11 @@ class ServeConfig:
                 read = "" if _option_name(arg) == owned else f"vLLM may read it as {owned}; "
                 raise ValueError(
                     f"--serve-arg {arg}: {read}bench serve sets {owned} itself"
-                    + (f"; use bench serve's {ours}" if ours else "")
-                    + ("" if ours else f" ({_FIXED_BECAUSE.get(owned, 'both arms need it')})")
+                    + (
+                        f"; use bench serve's {ours}"
+                        if ours
+                        else f" ({_FIXED_BECAUSE.get(owned, 'both arms need it')})"
+                    )
                 )
             if logging_option := logging_serve_option(arg):
                 raise ValueError(
